@@ -1,0 +1,66 @@
+// zest/config.hpp — the one place for portability switches.
+//
+// Everything that depends on the compiler or on optional dependencies is decided
+// here, so that the rest of the library reads as plain C++20.
+#pragma once
+
+#include <cstddef>
+
+// ZEST_CUDA_COMPILER: this translation unit is being compiled by nvcc (host or device pass).
+#if defined(__CUDACC__)
+#define ZEST_CUDA_COMPILER 1
+#else
+#define ZEST_CUDA_COMPILER 0
+#endif
+
+// ZEST_HAS_BLAS: a CBLAS interface (OpenBLAS on Debian) is linked. The CMake target sets it
+// when BLAS is found; local contractions then call cblas_?gemm, otherwise Eigen's GEMM.
+#ifndef ZEST_HAS_BLAS
+#define ZEST_HAS_BLAS 0
+#endif
+
+// ZEST_HAS_MPI: <mpi.h> is available. The MPI communicator and mesh constructors from an
+// MPI communicator need it; the single-rank communicator does not.
+#ifndef ZEST_HAS_MPI
+#if defined(__has_include)
+#if __has_include(<mpi.h>)
+#define ZEST_HAS_MPI 1
+#else
+#define ZEST_HAS_MPI 0
+#endif
+#else
+#define ZEST_HAS_MPI 0
+#endif
+#endif
+
+// String literals as template arguments (`einsum<"ik,kj->ij">`, `mesh<"dp","tp">`) need
+// class-type non-type template parameters (P0732). g++ >= 10, clang >= 12 and nvcc 12+
+// accept them; this switch names the feature so the few places that rely on it are found.
+#if defined(__cpp_nontype_template_args) && __cpp_nontype_template_args >= 201911L
+#define ZEST_STRING_TEMPLATE_ARGS 1
+#elif ZEST_CUDA_COMPILER
+// nvcc's front end reports an older value while still accepting the feature.
+#define ZEST_STRING_TEMPLATE_ARGS 1
+#else
+#define ZEST_STRING_TEMPLATE_ARGS 0
+#endif
+#if !ZEST_STRING_TEMPLATE_ARGS
+#error "zest needs C++20 class-type template arguments (g++ >= 10, clang >= 12, nvcc >= 12)"
+#endif
+
+// consteval where the compiler supports it well, constexpr otherwise.
+#if defined(__cpp_consteval) && !ZEST_CUDA_COMPILER
+#define ZEST_CONSTEVAL consteval
+#else
+#define ZEST_CONSTEVAL constexpr
+#endif
+
+namespace zest {
+
+// Upper bounds for compile-time descriptors. A tensor with more dims, or a mesh with more
+// axes, is rejected with a static_assert that names these limits.
+inline constexpr std::size_t max_dims = 12;
+inline constexpr std::size_t max_axes = 6;
+inline constexpr std::size_t max_operands = 4;
+
+}  // namespace zest
