@@ -1,0 +1,305 @@
+// zest/layout/layout.hpp — a layout: the placements of a tensor over all mesh axes.
+//
+// Users write a layout as a list of placements; axes they do not name are replicated:
+//
+//   layout<split<'b', "dp">, partial<"tp">>      // b cut over dp, a pending sum over tp
+//   layout<>                                      // replicated everywhere
+//
+// Inside zest a layout is normalised, against a mesh's axis names and a tensor's dims, into
+// a `layout_value`: one axis_placement per mesh axis, in mesh order. That value is a
+// structural type, so it is the template argument of tensors, and two spellings of the
+// same layout give the same tensor type. All checks happen here, at compile time; a bad
+// layout stops with one static_assert that names the placement at fault and the fix.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include "zest/config.hpp"
+#include "zest/core/fixed_string.hpp"
+#include "zest/layout/placement.hpp"
+
+namespace zest {
+
+template <class... Placements>
+struct layout {};
+
+// The placement of one mesh axis. For a split, `order` is the position of this axis among
+// the axes that split `dim` (0 = major).
+struct axis_placement {
+  placement_kind kind = placement_kind::replicate;
+  char dim = 0;
+  std::uint8_t order = 0;
+  constexpr bool operator==(const axis_placement&) const = default;
+};
+
+// The normalised layout: axes[i] is what mesh axis i does to the tensor.
+struct layout_value {
+  std::array<axis_placement, max_axes> axes{};
+  std::uint8_t axis_count = 0;
+
+  constexpr bool operator==(const layout_value&) const = default;
+
+  constexpr bool is_replicate(std::size_t a) const { return axes[a].kind == placement_kind::replicate; }
+  constexpr bool is_partial(std::size_t a) const { return axes[a].kind == placement_kind::partial; }
+  constexpr bool is_split(std::size_t a) const { return axes[a].kind == placement_kind::split; }
+  constexpr bool splits(std::size_t a, char d) const { return is_split(a) && axes[a].dim == d; }
+
+  // Number of axes splitting dim d.
+  constexpr std::size_t split_count(char d) const {
+    std::size_t n = 0;
+    for (std::size_t a = 0; a < axis_count; ++a) n += splits(a, d) ? 1U : 0U;
+    return n;
+  }
+  // The k-th axis (in nesting order) splitting dim d.
+  constexpr std::size_t split_axis(char d, std::size_t k) const {
+    for (std::size_t a = 0; a < axis_count; ++a) {
+      if (splits(a, d) && axes[a].order == k) return a;
+    }
+    return max_axes;
+  }
+  constexpr bool any_partial() const {
+    for (std::size_t a = 0; a < axis_count; ++a) {
+      if (is_partial(a)) return true;
+    }
+    return false;
+  }
+  constexpr bool all_replicate() const {
+    for (std::size_t a = 0; a < axis_count; ++a) {
+      if (!is_replicate(a)) return false;
+    }
+    return true;
+  }
+};
+
+// The fully replicated layout over n axes.
+constexpr layout_value replicated_layout(std::size_t n) {
+  layout_value v;
+  v.axis_count = static_cast<std::uint8_t>(n);
+  return v;
+}
+
+// "split(b:dp) partial(tp)" — human-readable, for plans and error messages.
+template <class AxisNames>
+std::string to_string(const layout_value& v, const AxisNames& names) {
+  std::string out;
+  for (std::size_t d = 0; d < v.axis_count; ++d) {
+    const auto& p = v.axes[d];
+    if (p.kind == placement_kind::replicate) continue;
+    if (p.kind == placement_kind::split && p.order != 0) continue;  // printed with its first axis
+    if (!out.empty()) out += ' ';
+    if (p.kind == placement_kind::partial) {
+      out += "partial(";
+      out += names[d];
+      out += ')';
+      continue;
+    }
+    out += "split(";
+    out += p.dim;
+    out += ':';
+    for (std::size_t k = 0; k < v.split_count(p.dim); ++k) {
+      if (k) out += ',';
+      out += names[v.split_axis(p.dim, k)];
+    }
+    out += ')';
+  }
+  return out.empty() ? std::string("replicate") : out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Normalisation and its diagnostics.
+
+// Why a layout is rejected. The diagnostics below turn each into one static_assert.
+enum class layout_problem : std::uint8_t {
+  none,
+  not_a_layout,
+  not_a_placement,
+  unknown_axis,
+  axis_used_twice,
+  unknown_dim,
+  dim_split_twice,
+  split_without_axis,
+};
+
+namespace layout_error {
+template <class>
+inline constexpr bool always_false = false;
+
+// Each template is instantiated with the offending placement and the mesh, so the compiler's
+// "In instantiation of" line right above the message shows both.
+template <class Placement, class Mesh>
+struct unknown_mesh_axis {
+  static_assert(always_false<Placement>,
+                "zest layout: a placement names a mesh axis that the mesh does not have. Fix: "
+                "use one of the mesh's axis names (placement and mesh are shown above).");
+};
+template <class Placement, class Mesh>
+struct mesh_axis_used_twice {
+  static_assert(always_false<Placement>,
+                "zest layout: this placement uses a mesh axis that an earlier placement already "
+                "uses; an axis splits one dim or holds one partial sum. Fix: drop one of them, "
+                "or split one dim over several axes: split<'d', \"a\", \"b\">.");
+};
+template <class Placement, fixed_string Dims>
+struct unknown_tensor_dim {
+  static_assert(always_false<Placement>,
+                "zest layout: split names a dim the tensor does not have. Fix: split one of the "
+                "tensor's dim letters (placement and dims are shown above).");
+};
+template <class Placement, fixed_string Dims>
+struct dim_split_twice {
+  static_assert(always_false<Placement>,
+                "zest layout: this dim is already split by an earlier placement. Fix: split it "
+                "once over several axes, major first: split<'d', \"a\", \"b\">.");
+};
+template <class Placement>
+struct split_without_axis {
+  static_assert(always_false<Placement>,
+                "zest layout: split<'d'> names no mesh axis. Fix: split<'d', \"axis\">.");
+};
+template <class Placement>
+struct not_a_placement {
+  static_assert(always_false<Placement>,
+                "zest layout: layout<...> takes only replicate<\"axis\">, split<'d', \"axis\"...> "
+                "and partial<\"axis\"> (the offending argument is shown above).");
+};
+template <class Layout>
+struct not_a_layout {
+  static_assert(always_false<Layout>,
+                "zest layout: expected zest::layout<placements...> (the argument is shown above).");
+};
+}  // namespace layout_error
+
+namespace detail {
+
+struct layout_check {
+  layout_problem problem = layout_problem::none;
+  std::size_t index = 0;  // which placement
+  layout_value value{};
+};
+
+template <std::size_t N, class Names>
+constexpr std::size_t find_axis(const Names& names, std::string_view axis) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (names[i] == axis) return i;
+  }
+  return N;
+}
+
+// Adds one placement to a layout under construction; returns false with the problem set.
+template <class Mesh, fixed_string Dims, class P>
+constexpr bool add_placement(layout_check& c, std::array<bool, max_axes>& used) {
+  constexpr auto names = Mesh::axis_names;
+  constexpr std::size_t n = names.size();
+  auto claim = [&](std::string_view axis) -> std::size_t {
+    const std::size_t a = find_axis<n>(names, axis);
+    if (a == n) {
+      c.problem = layout_problem::unknown_axis;
+      return n;
+    }
+    if (used[a]) {
+      c.problem = layout_problem::axis_used_twice;
+      return n;
+    }
+    used[a] = true;
+    return a;
+  };
+  if constexpr (!placement<P>) {
+    c.problem = layout_problem::not_a_placement;
+    return false;
+  } else {
+    return [&]<class Q>(std::type_identity<Q>) {
+      if constexpr (requires { Q::dim; }) {
+        return [&]<char D, fixed_string... Axes>(std::type_identity<split<D, Axes...>>) {
+          if constexpr (sizeof...(Axes) == 0) {
+            c.problem = layout_problem::split_without_axis;
+            return false;
+          } else {
+            if (Dims.view().find(D) == std::string_view::npos) {
+              c.problem = layout_problem::unknown_dim;
+              return false;
+            }
+            if (c.value.split_count(D) != 0) {
+              c.problem = layout_problem::dim_split_twice;
+              return false;
+            }
+            std::uint8_t order = 0;
+            const std::array<std::string_view, sizeof...(Axes)> list{Axes.view()...};
+            for (auto axis : list) {
+              const std::size_t a = claim(axis);
+              if (a == n) return false;
+              c.value.axes[a] = axis_placement{placement_kind::split, D, order++};
+            }
+            return true;
+          }
+        }(std::type_identity<Q>{});
+      } else {
+        return [&]<template <fixed_string> class K, fixed_string Axis>(
+                   std::type_identity<K<Axis>>) {
+          const std::size_t a = claim(Axis.view());
+          if (a == n) return false;
+          c.value.axes[a] = axis_placement{Q::kind, 0, 0};
+          return true;
+        }(std::type_identity<Q>{});
+      }
+    }(std::type_identity<P>{});
+  }
+}
+
+template <class Mesh, fixed_string Dims, class... P>
+constexpr layout_check check_layout() {
+  layout_check c;
+  c.value.axis_count = static_cast<std::uint8_t>(Mesh::axis_names.size());
+  [[maybe_unused]] std::array<bool, max_axes> used{};
+  [[maybe_unused]] std::size_t i = 0;
+  // Stops at the first problem: one error at a time is what a user can act on.
+  (void)((add_placement<Mesh, Dims, P>(c, used) ? (++i, true) : (c.index = i, false)) && ...);
+  return c;
+}
+
+template <class Mesh, fixed_string Dims, class L>
+struct layout_of {
+  [[maybe_unused]] layout_error::not_a_layout<L> diagnose;
+  static constexpr layout_value value{};
+};
+
+template <class Mesh, fixed_string Dims, class... P>
+struct layout_of<Mesh, Dims, layout<P...>> {
+  static constexpr layout_check check = check_layout<Mesh, Dims, P...>();
+  using culprit = std::tuple_element_t<(sizeof...(P) == 0 ? 0 : check.index),
+                                       std::tuple<P..., void>>;
+
+  static constexpr bool diagnose() {
+    using enum layout_problem;
+    if constexpr (check.problem == unknown_axis) {
+      (void)layout_error::unknown_mesh_axis<culprit, Mesh>{};
+    } else if constexpr (check.problem == axis_used_twice) {
+      (void)layout_error::mesh_axis_used_twice<culprit, Mesh>{};
+    } else if constexpr (check.problem == unknown_dim) {
+      (void)layout_error::unknown_tensor_dim<culprit, Dims>{};
+    } else if constexpr (check.problem == dim_split_twice) {
+      (void)layout_error::dim_split_twice<culprit, Dims>{};
+    } else if constexpr (check.problem == split_without_axis) {
+      (void)layout_error::split_without_axis<culprit>{};
+    } else if constexpr (check.problem == not_a_placement) {
+      (void)layout_error::not_a_placement<culprit>{};
+    }
+    return check.problem == none;
+  }
+  static constexpr bool ok = diagnose();
+  // Reading `ok` here makes every use of the value run the diagnostics first.
+  static constexpr layout_value value = ok ? check.value : check.value;
+};
+
+}  // namespace detail
+
+// The normalised value of layout L for a tensor with dims Dims on mesh type Mesh.
+template <class Mesh, fixed_string Dims, class L>
+inline constexpr layout_value layout_value_of = detail::layout_of<Mesh, Dims, L>::value;
+
+}  // namespace zest

@@ -1,0 +1,211 @@
+// zest/mesh/mesh.hpp — an n-D grid of ranks with named axes.
+//
+//   zest::mesh<"dp", "tp"> m(MPI_COMM_WORLD, {2, 2});   // 4 ranks: (dp, tp) row-major
+//   m.size(0) == 2; m.coord(1) == rank % 2; m.axis<"tp">() is the tp sub-communicator
+//
+// Axis names are compile-time (layouts name them); sizes are run-time. Rank r of the
+// parent communicator sits at the row-major coordinates of r, the first axis major, so
+// ranks that differ only in the last axis are neighbours (put the axis with the heaviest
+// traffic last). Each axis owns a communicator over the ranks that differ only along it.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "zest/comm/communicator.hpp"
+#include "zest/comm/local_communicator.hpp"
+#include "zest/config.hpp"
+#include "zest/core/error.hpp"
+#include "zest/core/fixed_string.hpp"
+
+#if ZEST_HAS_MPI
+#include <mpi.h>
+
+#include "zest/comm/mpi_communicator.hpp"
+#endif
+
+namespace zest {
+
+namespace detail {
+template <fixed_string... Axes>
+constexpr bool axis_names_valid() {
+  constexpr std::array<std::string_view, sizeof...(Axes)> names{Axes.view()...};
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i].empty()) return false;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (names[i] == names[j]) return false;
+    }
+  }
+  return true;
+}
+}  // namespace detail
+
+template <class Comm, fixed_string... Axes>
+class basic_mesh {
+  static_assert(communicator<Comm>, "zest mesh: Comm must model zest::communicator");
+  static_assert(sizeof...(Axes) >= 1 && sizeof...(Axes) <= max_axes,
+                "zest mesh: a mesh has 1 to zest::max_axes axes");
+  static_assert(detail::axis_names_valid<Axes...>(),
+                "zest mesh: axis names must be non-empty and distinct, e.g. mesh<\"dp\", \"tp\">");
+
+ public:
+  using communicator_type = Comm;
+  static constexpr std::size_t axis_count = sizeof...(Axes);
+  static constexpr std::array<std::string_view, axis_count> axis_names{Axes.view()...};
+
+  // Index of an axis by name, at compile time.
+  template <fixed_string Axis>
+  static constexpr std::size_t axis_index() {
+    constexpr std::size_t i = [] {
+      for (std::size_t k = 0; k < axis_count; ++k) {
+        if (axis_names[k] == Axis.view()) return k;
+      }
+      return axis_count;
+    }();
+    static_assert(i < axis_count, "zest mesh: no axis of that name in this mesh");
+    return i;
+  }
+
+  // A mesh of one process: every axis has size 1. Needs no MPI.
+  basic_mesh()
+    requires std::constructible_from<Comm, std::string>
+  {
+    sizes_.fill(1);
+    coords_.fill(0);
+    for (std::size_t a = 0; a < axis_count; ++a) {
+      axes_[a] = std::make_unique<Comm>(std::string(axis_names[a]));
+    }
+    world_ = std::make_unique<Comm>(std::string("world"));
+  }
+
+#if ZEST_HAS_MPI
+  // A mesh over the ranks of `parent`. One size may be -1: it takes what the others leave.
+  basic_mesh(MPI_Comm parent, std::array<int, axis_count> sizes)
+    requires std::constructible_from<Comm, MPI_Comm, std::string>
+  {
+    int world_size = 0;
+    MPI_Comm_size(parent, &world_size);
+    MPI_Comm_rank(parent, &rank_);
+    sizes_ = resolve_sizes(sizes, world_size);
+    int rest = rank_;
+    for (std::size_t a = axis_count; a-- > 0;) {
+      coords_[a] = rest % sizes_[a];
+      rest /= sizes_[a];
+    }
+    for (std::size_t a = 0; a < axis_count; ++a) {
+      // Ranks that agree on every other coordinate share the axis communicator.
+      int color = 0;
+      for (std::size_t b = 0; b < axis_count; ++b) color = color * sizes_[b] + (b == a ? 0 : coords_[b]);
+      MPI_Comm sub = MPI_COMM_NULL;
+      MPI_Comm_split(parent, color, coords_[a], &sub);
+      axes_[a] = std::make_unique<Comm>(sub, std::string(axis_names[a]));
+      MPI_Comm_free(&sub);
+    }
+    world_ = std::make_unique<Comm>(parent, std::string("world"));
+  }
+#endif
+
+  basic_mesh(basic_mesh&&) noexcept = default;
+  basic_mesh& operator=(basic_mesh&&) noexcept = default;
+  basic_mesh(const basic_mesh&) = delete;
+  basic_mesh& operator=(const basic_mesh&) = delete;
+  ~basic_mesh() = default;
+
+  int size(std::size_t axis) const { return sizes_[axis]; }
+  int coord(std::size_t axis) const { return coords_[axis]; }
+  const std::array<int, axis_count>& sizes() const { return sizes_; }
+  const std::array<int, axis_count>& coords() const { return coords_; }
+  int rank() const { return rank_; }
+  int world_size() const {
+    int n = 1;
+    for (int s : sizes_) n *= s;
+    return n;
+  }
+
+  // The communicator along one axis; collectives on a tensor go through these.
+  Comm& axis(std::size_t a) const { return *axes_[a]; }
+  template <fixed_string Axis>
+  Comm& axis() const {
+    return *axes_[axis_index<Axis>()];
+  }
+  // All ranks of the mesh, for scalars (a loss, a norm) that every rank needs.
+  Comm& world() const { return *world_; }
+
+  // Counters summed over the axis communicators (the world communicator is apart).
+  comm_stats stats() const {
+    comm_stats s;
+    for (const auto& c : axes_) s += c->stats();
+    return s;
+  }
+  void reset_stats() const {
+    for (const auto& c : axes_) c->reset_stats();
+    world_->reset_stats();
+  }
+
+  // "mesh<dp=2, tp=2>"
+  std::string describe() const {
+    std::string s = "mesh<";
+    for (std::size_t a = 0; a < axis_count; ++a) {
+      if (a) s += ", ";
+      s += axis_names[a];
+      s += '=';
+      s += std::to_string(sizes_[a]);
+    }
+    return s + '>';
+  }
+
+ private:
+  static std::array<int, axis_count> resolve_sizes(std::array<int, axis_count> sizes, int world) {
+    int known = 1;
+    int free_axis = -1;
+    for (std::size_t a = 0; a < axis_count; ++a) {
+      if (sizes[a] == -1 && free_axis < 0) {
+        free_axis = static_cast<int>(a);
+      } else if (sizes[a] <= 0) {
+        throw shape_error(detail::message("zest: mesh: axis '", axis_names[a], "' has size ", sizes[a],
+                                          "; sizes must be positive (one may be -1 to take the rest)"));
+      } else {
+        known *= sizes[a];
+      }
+    }
+    if (free_axis >= 0) {
+      if (world % known != 0) {
+        throw shape_error(detail::message("zest: mesh: the other axes take ", known, " ranks, which does not divide the ",
+                                          world, " ranks of the communicator"));
+      }
+      sizes[static_cast<std::size_t>(free_axis)] = world / known;
+      known = world;
+    }
+    if (known != world) {
+      std::string shape;
+      for (std::size_t a = 0; a < axis_count; ++a) {
+        shape += (a ? " x " : "") + std::string(axis_names[a]) + '=' + std::to_string(sizes[a]);
+      }
+      throw shape_error(detail::message("zest: mesh: ", shape, " needs ", known, " ranks, but the communicator has ",
+                                        world, "; run with mpiexec -n ", known, " or change the sizes"));
+    }
+    return sizes;
+  }
+
+  std::array<int, axis_count> sizes_{};
+  std::array<int, axis_count> coords_{};
+  int rank_ = 0;
+  std::array<std::unique_ptr<Comm>, axis_count> axes_;
+  std::unique_ptr<Comm> world_;
+};
+
+#if ZEST_HAS_MPI
+template <fixed_string... Axes>
+using mesh = basic_mesh<mpi_communicator, Axes...>;
+#endif
+
+// A mesh of one process, no MPI: every axis has size 1.
+template <fixed_string... Axes>
+using local_mesh = basic_mesh<local_communicator, Axes...>;
+
+}  // namespace zest

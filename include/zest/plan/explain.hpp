@@ -1,0 +1,254 @@
+// zest/plan/explain.hpp — a plan as text: each collective, its mesh axis, bytes per rank.
+//
+//   std::cout << zest::explain<"bsm,mh->bsh">(x, w);
+//   einsum "bsm,mh->bsh" on mesh<dp=2, tp=2>, policy gather_weights
+//     operand 0 "bsm" split(b:dp)                     (kept)
+//     operand 1 "mh"  split(m:dp) -> replicate
+//       all_gather over dp (dim m)                    1.00 MiB sent by this rank
+//     local contraction "bsm,mh->bsh"
+//     result "bsh" split(b:dp)
+//   total 1.00 MiB sent by this rank in 1 collective
+//
+// The steps are the compile-time plan (the same one evaluation runs); the byte figures use
+// the run-time extents and the communicators' ring model (zest/comm/communicator.hpp), so a
+// test can compare them with the counters after running the same expression.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "zest/einsum/einsum.hpp"
+#include "zest/layout/shard.hpp"
+#include "zest/layout/transition.hpp"
+#include "zest/tensor/tensor.hpp"
+
+namespace zest {
+
+struct plan_line {
+  int indent = 0;
+  std::string text;
+  bool communicates = false;
+  collective op = collective::all_gather;
+  std::string axis;
+  std::uint64_t bytes = 0;  // sent by this rank
+};
+
+struct plan_report {
+  std::string title;
+  std::vector<plan_line> lines;
+
+  void note(int indent, std::string text) {
+    plan_line l;
+    l.indent = indent;
+    l.text = std::move(text);
+    lines.push_back(std::move(l));
+  }
+  std::uint64_t bytes() const {
+    std::uint64_t b = 0;
+    for (const auto& l : lines) b += l.bytes;
+    return b;
+  }
+  std::size_t collectives() const {
+    std::size_t n = 0;
+    for (const auto& l : lines) n += l.communicates ? 1U : 0U;
+    return n;
+  }
+  std::uint64_t bytes_of(collective k) const {
+    std::uint64_t b = 0;
+    for (const auto& l : lines) b += (l.communicates && l.op == k) ? l.bytes : 0;
+    return b;
+  }
+  std::string str() const {
+    std::ostringstream out;
+    out << *this;
+    return out.str();
+  }
+  friend std::ostream& operator<<(std::ostream& out, const plan_report& r) {
+    out << r.title << '\n';
+    for (const auto& l : r.lines) {
+      std::string text(static_cast<std::size_t>(2 * l.indent), ' ');
+      text += l.text;
+      out << text;
+      if (l.communicates) {
+        out << std::string(text.size() < 48 ? 48 - text.size() : 1, ' ') << format_bytes(l.bytes)
+            << " sent by this rank";
+      }
+      out << '\n';
+    }
+    out << "total " << format_bytes(r.bytes()) << " sent by this rank in " << r.collectives()
+        << (r.collectives() == 1 ? " collective" : " collectives") << '\n';
+    return out;
+  }
+  static std::string format_bytes(std::uint64_t b) {
+    std::ostringstream s;
+    if (b < 1024) {
+      s << b << " B";
+    } else if (b < 1024ULL * 1024) {
+      s << std::fixed << std::setprecision(2) << static_cast<double>(b) / 1024.0 << " KiB";
+    } else {
+      s << std::fixed << std::setprecision(2) << static_cast<double>(b) / (1024.0 * 1024.0) << " MiB";
+    }
+    return s.str();
+  }
+};
+
+namespace detail {
+
+// The layout after one step.
+constexpr layout_value after_step(layout_value v, const transition_step& s) {
+  auto& p = v.axes[s.axis];
+  switch (s.kind) {
+    case step_kind::all_gather:
+    case step_kind::all_reduce: p = axis_placement{}; break;
+    case step_kind::zero_partial: p = axis_placement{placement_kind::partial, 0, 0}; break;
+    case step_kind::slice:
+    case step_kind::reduce_scatter: {
+      const auto order = static_cast<std::uint8_t>(v.split_count(s.dim));
+      p = axis_placement{placement_kind::split, s.dim, order};
+      break;
+    }
+    case step_kind::all_to_all: {
+      p = axis_placement{};
+      const auto order = static_cast<std::uint8_t>(v.split_count(s.to_dim));
+      p = axis_placement{placement_kind::split, s.to_dim, order};
+      break;
+    }
+  }
+  return v;
+}
+
+// Elements this rank holds under layout v (coordinates `coords`).
+template <fixed_string Dims, class Mesh, class Extents, class Coords>
+std::size_t local_elements(const layout_value& v, const Extents& global, const Mesh& mesh, const Coords& coords) {
+  std::size_t n = 1;
+  for (std::size_t i = 0; i < Dims.size(); ++i) n *= dim_range(v, Dims[i], global[i], mesh.sizes(), coords).size;
+  return n;
+}
+
+// Bytes this rank sends for step s from layout v, in the communicators' model.
+template <fixed_string Dims, class Mesh, class Extents>
+std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const Extents& global, const Mesh& mesh,
+                         std::size_t element_size) {
+  const auto n = static_cast<std::size_t>(mesh.size(s.axis));
+  const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
+  const auto coords = mesh.coords();
+  const std::size_t mine = local_elements<Dims>(v, global, mesh, coords);
+  const layout_value next = after_step(v, s);
+  std::size_t elements = 0;
+  switch (s.kind) {
+    case step_kind::all_gather: elements = (n - 1) * mine; break;
+    case step_kind::reduce_scatter: elements = mine - local_elements<Dims>(next, global, mesh, coords); break;
+    case step_kind::all_reduce: elements = 2 * (mine - balanced_block(mine, n, me).size); break;
+    case step_kind::all_to_all: {
+      // I keep the part of my block that stays mine; the rest leaves.
+      const std::size_t j = Dims.view().find(s.to_dim);
+      const std::size_t to_extent = dim_range(v, s.to_dim, global[j], mesh.sizes(), coords).size;
+      const std::size_t kept = to_extent == 0 ? 0 : mine / to_extent * balanced_block(to_extent, n, me).size;
+      elements = mine - kept;
+      break;
+    }
+    default: break;
+  }
+  return static_cast<std::uint64_t>(elements) * element_size;
+}
+
+template <fixed_string Dims, class Mesh, class Extents>
+void describe_steps(plan_report& r, int indent, const transition_plan& plan, layout_value v, const Extents& global,
+                    const Mesh& mesh, std::size_t element_size) {
+  for (const auto& s : plan) {
+    plan_line line;
+    line.indent = indent;
+    line.text = to_string(s, Mesh::axis_names);
+    line.communicates = is_collective(s.kind);
+    if (line.communicates) {
+      line.op = collective_of(s.kind);
+      line.axis = std::string(Mesh::axis_names[s.axis]);
+      line.bytes = step_bytes<Dims>(s, v, global, mesh, element_size);
+    }
+    r.lines.push_back(std::move(line));
+    v = after_step(v, s);
+  }
+}
+
+template <class X>
+std::string tensor_heading(const char* what, const X& x) {
+  std::ostringstream s;
+  s << what << " \"" << X::dims.view() << "\" [";
+  for (std::size_t i = 0; i < X::rank; ++i) s << (i ? "x" : "") << x.extents()[i];
+  s << "] " << to_string(X::layout, X::mesh_type::axis_names);
+  return s.str();
+}
+
+template <class P>
+constexpr const char* policy_name() {
+  if constexpr (std::is_same_v<P, gather_weights>) return "gather_weights";
+  else if constexpr (std::is_same_v<P, keep_weights>) return "keep_weights";
+  else if constexpr (!P::allows_communication) return "no_communication";
+  else return "custom";
+}
+
+}  // namespace detail
+
+// The plan of redistribute<Layout>(x).
+template <class Layout, sharded_tensor X>
+plan_report explain(const X& x) {
+  constexpr layout_value to = layout_value_of<typename X::mesh_type, X::dims, Layout>;
+  constexpr transition_plan plan = plan_transition(X::layout, to);
+  plan_report r;
+  r.title = "redistribute on " + x.mesh().describe();
+  r.note(1, detail::tensor_heading("tensor", x) + " -> " + to_string(to, X::mesh_type::axis_names));
+  detail::describe_steps<X::dims>(r, 2, plan, X::layout, x.extents(), x.mesh(), sizeof(typename X::value_type));
+  if (plan.size() == 0) r.note(2, "nothing to do");
+  return r;
+}
+
+// The plan of einsum<Spec, O1, O2>(xs...), without running it.
+template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor... X>
+plan_report explain(const X&... xs) {
+  using traits = detail::einsum_traits<Spec, O1, O2, X...>;
+  static_assert(traits::valid, "zest explain: the einsum above does not compile (see the first error)");
+  static constexpr const einsum_plan& plan = traits::plan;
+  using value_type = typename traits::value_type;
+  detail::check_extents<Spec>(xs...);
+  const auto& mesh = std::get<0>(std::forward_as_tuple(xs...)).mesh();
+  plan_report r;
+  r.title = std::string("einsum \"") + std::string(Spec.view()) + "\" on " + mesh.describe() + ", policy " +
+            detail::policy_name<typename traits::options::policy>();
+  typename traits::contraction_type::extents_type out_extents{};
+  std::size_t operand = 0;
+  auto visit = [&](const auto& x) {
+    using x_t = std::remove_cvref_t<decltype(x)>;
+    const std::size_t i = operand++;
+    std::string head = detail::tensor_heading(("operand " + std::to_string(i)).c_str(), x);
+    if (plan.operand_steps[i].size() == 0) {
+      r.note(1, head + "  (used as it is)");
+    } else {
+      r.note(1, head + " -> " + to_string(plan.operand_layouts[i], x_t::mesh_type::axis_names));
+      detail::describe_steps<x_t::dims>(r, 2, plan.operand_steps[i], x_t::layout, x.extents(), mesh,
+                                        sizeof(value_type));
+    }
+    for (std::size_t k = 0; k < traits::spec.output.size; ++k) {
+      const char d = traits::spec.output.letters[k];
+      if (traits::spec.inputs[i].has(d)) out_extents[k] = x.extents()[traits::spec.inputs[i].index(d)];
+    }
+  };
+  (visit(xs), ...);
+  r.note(1, "local contraction \"" + std::string(Spec.view()) + "\"");
+  std::string result = "result \"" + std::string(traits::out_dims.view()) + "\" " +
+                       to_string(plan.contraction_output, traits::mesh_type::axis_names);
+  if (plan.output_steps.size() != 0) {
+    r.note(1, result + " -> " + to_string(plan.result, traits::mesh_type::axis_names));
+    detail::describe_steps<traits::out_dims>(r, 2, plan.output_steps, plan.contraction_output, out_extents, mesh,
+                                             sizeof(value_type));
+  } else {
+    r.note(1, result);
+  }
+  return r;
+}
+
+}  // namespace zest

@@ -1,0 +1,264 @@
+// zest/tensor/redistribute.hpp — change a tensor's layout; the collectives follow from it.
+//
+//   auto w_full = zest::redistribute<zest::layout<>>(w);            // all-gather over dp
+//   auto y_rs   = zest::redistribute<zest::layout<zest::split<'b', "dp">>>(y_partial);
+//
+// The steps are planned at compile time (zest/layout/transition.hpp) and carried out here,
+// one per mesh axis, on the axis' communicator. A transition that needs no communication
+// (replicate -> split, replicate -> partial) sends nothing.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "zest/core/error.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/layout/shard.hpp"
+#include "zest/layout/transition.hpp"
+#include "zest/tensor/tensor.hpp"
+
+namespace zest {
+
+namespace detail {
+
+// A shard in flight between two layouts: its current layout and local extents.
+template <class T, std::size_t Rank>
+struct moving_shard {
+  layout_value layout;
+  std::array<std::size_t, Rank> local{};
+  host_vector<T> data;
+};
+
+template <std::size_t Rank>
+struct slab {  // the data seen as [outer][extent][inner] around one dim
+  std::size_t outer = 1, extent = 1, inner = 1;
+};
+template <std::size_t Rank>
+slab<Rank> slab_around(const std::array<std::size_t, Rank>& ext, std::size_t dim) {
+  slab<Rank> s;
+  for (std::size_t i = 0; i < dim; ++i) s.outer *= ext[i];
+  s.extent = ext[dim];
+  for (std::size_t i = dim + 1; i < Rank; ++i) s.inner *= ext[i];
+  return s;
+}
+
+template <class Mesh, class Coords>
+block_range range_at(const layout_value& v, char d, std::size_t extent, const Mesh& mesh, const Coords& coords) {
+  return dim_range(v, d, extent, mesh.sizes(), coords);
+}
+
+template <class T, fixed_string Dims, class Mesh, std::size_t Rank>
+void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::array<std::size_t, Rank>& global,
+                const Mesh& mesh) {
+  auto& comm = mesh.axis(s.axis);
+  const auto n = static_cast<std::size_t>(mesh.size(s.axis));
+  const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
+  const auto dim_of = [](char c) { return Dims.view().find(c); };
+  auto coords = mesh.coords();
+
+  switch (s.kind) {
+    case step_kind::all_reduce: {
+      comm.all_reduce(std::span<T>(sh.data.data(), sh.data.size()), reduce_op::sum);
+      sh.layout.axes[s.axis] = axis_placement{};
+      return;
+    }
+    case step_kind::zero_partial: {
+      if (me != 0) std::fill(sh.data.begin(), sh.data.end(), T{});
+      sh.layout.axes[s.axis] = axis_placement{placement_kind::partial, 0, 0};
+      return;
+    }
+    case step_kind::slice: {
+      const std::size_t i = dim_of(s.dim);
+      const auto order = static_cast<std::uint8_t>(sh.layout.split_count(s.dim));
+      const block_range part = balanced_block(sh.local[i], n, me);
+      const auto sl = slab_around(sh.local, i);
+      host_vector<T> out(sl.outer * part.size * sl.inner);
+      copy_slices(sh.data.data(), sl.outer, sl.extent, part.offset, out.data(), part.size, 0, part.size, sl.inner);
+      sh.data = std::move(out);
+      sh.local[i] = part.size;
+      sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.dim, order};
+      return;
+    }
+    case step_kind::all_gather: {
+      const std::size_t i = dim_of(s.dim);
+      const auto sl = slab_around(sh.local, i);
+      std::vector<std::size_t> counts(n);
+      std::vector<block_range> ranges(n);
+      for (std::size_t c = 0; c < n; ++c) {
+        coords[s.axis] = static_cast<int>(c);
+        ranges[c] = range_at(sh.layout, s.dim, global[i], mesh, coords);
+        counts[c] = sl.outer * ranges[c].size * sl.inner;
+      }
+      std::size_t full = 0;
+      for (const auto& r : ranges) full += r.size;
+      host_vector<T> out(sl.outer * full * sl.inner);
+      if (sl.outer == 1) {  // blocks are already in place, in rank order
+        comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()), std::span<T>(out.data(), out.size()),
+                        std::span<const std::size_t>(counts));
+      } else {
+        host_vector<T> staged(out.size());
+        comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()),
+                        std::span<T>(staged.data(), staged.size()), std::span<const std::size_t>(counts));
+        std::size_t at = 0;
+        std::size_t pos = 0;
+        for (std::size_t c = 0; c < n; ++c) {
+          copy_slices(staged.data() + at, sl.outer, ranges[c].size, 0, out.data(), full, pos, ranges[c].size,
+                      sl.inner);
+          at += counts[c];
+          pos += ranges[c].size;
+        }
+      }
+      sh.data = std::move(out);
+      sh.local[i] = full;
+      sh.layout.axes[s.axis] = axis_placement{};
+      return;
+    }
+    case step_kind::reduce_scatter: {
+      const std::size_t i = dim_of(s.dim);
+      const auto order = static_cast<std::uint8_t>(sh.layout.split_count(s.dim));
+      const auto sl = slab_around(sh.local, i);
+      std::vector<std::size_t> counts(n);
+      std::vector<block_range> parts(n);
+      for (std::size_t c = 0; c < n; ++c) {
+        parts[c] = balanced_block(sl.extent, n, c);
+        counts[c] = sl.outer * parts[c].size * sl.inner;
+      }
+      host_vector<T> out(counts[me]);
+      if (sl.outer == 1) {
+        comm.reduce_scatter(std::span<const T>(sh.data.data(), sh.data.size()), std::span<T>(out.data(), out.size()),
+                            std::span<const std::size_t>(counts), reduce_op::sum);
+      } else {
+        host_vector<T> staged(sh.data.size());
+        std::size_t at = 0;
+        for (std::size_t c = 0; c < n; ++c) {
+          copy_slices(sh.data.data(), sl.outer, sl.extent, parts[c].offset, staged.data() + at, parts[c].size, 0,
+                      parts[c].size, sl.inner);
+          at += counts[c];
+        }
+        comm.reduce_scatter(std::span<const T>(staged.data(), staged.size()), std::span<T>(out.data(), out.size()),
+                            std::span<const std::size_t>(counts), reduce_op::sum);
+      }
+      sh.data = std::move(out);
+      sh.local[i] = parts[me].size;
+      sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.dim, order};
+      return;
+    }
+    case step_kind::all_to_all: {
+      // I hold my block of `dim` and all of `to_dim` (within its outer splits). Rank c gets
+      // my block cut to its part of to_dim; I get every rank's block of `dim` cut to mine.
+      const std::size_t i = dim_of(s.dim);
+      const std::size_t j = dim_of(s.to_dim);
+      const auto order = static_cast<std::uint8_t>(sh.layout.split_count(s.to_dim));
+      const auto send_slab = slab_around(sh.local, j);
+      std::vector<std::size_t> send_counts(n), recv_counts(n);
+      std::vector<block_range> to_parts(n), from_ranges(n);
+      for (std::size_t c = 0; c < n; ++c) {
+        to_parts[c] = balanced_block(sh.local[j], n, c);
+        send_counts[c] = send_slab.outer * to_parts[c].size * send_slab.inner;
+        coords[s.axis] = static_cast<int>(c);
+        from_ranges[c] = range_at(sh.layout, s.dim, global[i], mesh, coords);
+      }
+      // Elements other than dims i and j are the same on every rank of the axis.
+      std::size_t rest = 1;
+      for (std::size_t k = 0; k < Rank; ++k) {
+        if (k != i && k != j) rest *= sh.local[k];
+      }
+      std::size_t full = 0;
+      for (std::size_t c = 0; c < n; ++c) {
+        recv_counts[c] = rest * from_ranges[c].size * to_parts[me].size;
+        full += from_ranges[c].size;
+      }
+      host_vector<T> send(sh.data.size());
+      std::size_t at = 0;
+      for (std::size_t c = 0; c < n; ++c) {
+        copy_slices(sh.data.data(), send_slab.outer, send_slab.extent, to_parts[c].offset, send.data() + at,
+                    to_parts[c].size, 0, to_parts[c].size, send_slab.inner);
+        at += send_counts[c];
+      }
+      std::size_t recv_total = 0;
+      for (auto c : recv_counts) recv_total += c;
+      host_vector<T> recv(recv_total);
+      comm.all_to_all(std::span<const T>(send.data(), send.size()), std::span<const std::size_t>(send_counts),
+                      std::span<T>(recv.data(), recv.size()), std::span<const std::size_t>(recv_counts));
+      auto out_local = sh.local;
+      out_local[i] = full;
+      out_local[j] = to_parts[me].size;
+      const auto recv_slab = slab_around(out_local, i);
+      host_vector<T> out(recv_total);
+      at = 0;
+      std::size_t pos = 0;
+      for (std::size_t c = 0; c < n; ++c) {
+        copy_slices(recv.data() + at, recv_slab.outer, from_ranges[c].size, 0, out.data(), full, pos,
+                    from_ranges[c].size, recv_slab.inner);
+        at += recv_counts[c];
+        pos += from_ranges[c].size;
+      }
+      sh.data = std::move(out);
+      sh.local = out_local;
+      sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.to_dim, order};
+      return;
+    }
+  }
+}
+
+}  // namespace detail
+
+namespace detail {
+// Carries out a plan on a shard; `from` may be a run-time value (tests sweep all pairs).
+template <fixed_string Dims, class T, class Mesh, std::size_t Rank>
+host_vector<T> run_transition(const transition_plan& plan, const layout_value& from,
+                              const std::array<std::size_t, Rank>& local, host_vector<T> data,
+                              const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
+  moving_shard<T, Rank> sh{from, local, std::move(data)};
+  for (const auto& s : plan) apply_step<T, Dims>(s, sh, global, mesh);
+  return std::move(sh.data);
+}
+}  // namespace detail
+
+// Runs the compile-time plan from the tensor's layout to To.
+template <layout_value To, class T, class Mesh, fixed_string Dims, layout_value From>
+basic_tensor<T, Mesh, Dims, To> redistribute_to(const basic_tensor<T, Mesh, Dims, From>& t) {
+  static constexpr transition_plan plan = plan_transition(From, To);
+  using result_t = basic_tensor<T, Mesh, Dims, To>;
+  if constexpr (plan.size() == 0) {
+    return result_t(t.mesh(), t.extents(), host_vector<T>(t.storage()));
+  } else {
+    return result_t(t.mesh(), t.extents(),
+                    detail::run_transition<Dims>(plan, From, t.local_extents(), host_vector<T>(t.storage()),
+                                                 t.extents(), t.mesh()));
+  }
+}
+
+template <layout_value To, class T, class Mesh, fixed_string Dims, layout_value From>
+basic_tensor<T, Mesh, Dims, To> redistribute_to(basic_tensor<T, Mesh, Dims, From>&& t) {
+  if constexpr (plan_transition(From, To).size() == 0) {
+    return basic_tensor<T, Mesh, Dims, To>(t.mesh(), t.extents(), std::move(t.storage()));
+  } else {
+    return redistribute_to<To>(std::as_const(t));
+  }
+}
+
+// redistribute<layout<...>>(t): the public spelling, with the layout written as users write it.
+template <class Layout, sharded_tensor X>
+auto redistribute(X&& t) {
+  using x_t = std::remove_cvref_t<X>;
+  return redistribute_to<layout_value_of<typename x_t::mesh_type, x_t::dims, Layout>>(std::forward<X>(t));
+}
+
+// The plan of redistribute<Layout> for tensor type X, at compile time.
+template <sharded_tensor X, class Layout>
+inline constexpr transition_plan redistribute_plan =
+    plan_transition(X::layout, layout_value_of<typename X::mesh_type, X::dims, Layout>);
+
+// The whole global tensor on every rank, partial sums added: for checks and small outputs.
+template <sharded_tensor X>
+std::vector<typename std::remove_cvref_t<X>::value_type> to_global(const X& t) {
+  using x_t = std::remove_cvref_t<X>;
+  auto full = redistribute_to<replicated_layout(x_t::mesh_type::axis_count)>(t);
+  return std::vector<typename x_t::value_type>(full.local().begin(), full.local().end());
+}
+
+}  // namespace zest

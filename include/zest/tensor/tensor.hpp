@@ -1,0 +1,221 @@
+// zest/tensor/tensor.hpp — a sharded tensor: element type, dims and layout in the type.
+//
+//   using mesh_t = zest::mesh<"dp", "tp">;
+//   using act_t  = zest::tensor<float, mesh_t, "bsm", zest::layout<zest::split<'b', "dp">>>;
+//   act_t x = act_t::generate(m, {8, 128, 512}, [](auto i) { return float(i[0] + i[2]); });
+//
+// Global extents are run-time values; every rank holds the block its mesh coordinates
+// select (zest/layout/shard.hpp), stored dense and row-major in the order of the dims.
+// On an axis where the layout is partial, the value is the sum of the ranks' blocks.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "zest/config.hpp"
+#include "zest/core/dtype.hpp"
+#include "zest/core/error.hpp"
+#include "zest/core/fixed_string.hpp"
+#include "zest/core/memory.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/layout/shard.hpp"
+
+namespace zest {
+
+namespace detail {
+enum class dims_problem : std::uint8_t { none, too_many, bad_letter, repeated };
+
+template <fixed_string Dims>
+constexpr dims_problem check_dims() {
+  const std::string_view d = Dims.view();
+  if (d.size() > max_dims) return dims_problem::too_many;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    const char c = d[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return dims_problem::bad_letter;
+    if (d.substr(0, i).find(c) != std::string_view::npos) return dims_problem::repeated;
+  }
+  return dims_problem::none;
+}
+}  // namespace detail
+
+template <class T>
+using host_vector = std::vector<T, memory::tracking_allocator<T>>;
+
+template <class T, class Mesh, fixed_string Dims, layout_value Layout>
+class basic_tensor {
+  static_assert(is_element_type_v<T>,
+                "zest tensor: unsupported element type; use float, double or zest::bfloat16");
+  static_assert(detail::check_dims<Dims>() != detail::dims_problem::too_many,
+                "zest tensor: too many dims; zest::max_dims (config.hpp) is the limit");
+  static_assert(detail::check_dims<Dims>() != detail::dims_problem::bad_letter,
+                "zest tensor: dims are letters a-z or A-Z, one per dim, e.g. \"bsm\"");
+  static_assert(detail::check_dims<Dims>() != detail::dims_problem::repeated,
+                "zest tensor: a dim letter appears twice; give every dim its own letter");
+
+ public:
+  using value_type = T;
+  using mesh_type = Mesh;
+  static constexpr fixed_string dims = Dims;
+  static constexpr layout_value layout = Layout;
+  static constexpr std::size_t rank = Dims.size();
+  using extents_type = std::array<std::size_t, rank>;
+
+  static constexpr std::size_t dim_index(char d) { return Dims.view().find(d); }
+
+  // A zero tensor with the given global extents.
+  basic_tensor(const Mesh& mesh, const extents_type& extents) : mesh_(&mesh), extents_(extents) {
+    locate();
+    data_.assign(local_count(), T{});
+  }
+
+  // Takes over a local shard that the caller computed (size must match the layout).
+  basic_tensor(const Mesh& mesh, const extents_type& extents, host_vector<T>&& local)
+      : mesh_(&mesh), extents_(extents), data_(std::move(local)) {
+    locate();
+    if (data_.size() != local_count()) {
+      throw shape_error(detail::message("zest: tensor \"", Dims.view(), "\": local shard has ", data_.size(),
+                                        " elements, the layout gives this rank ", local_count()));
+    }
+  }
+
+  // Fills only this rank's shard: f(global_index) for each element it holds. On a partial
+  // axis the value lives on coordinate 0 and the other ranks hold zeros.
+  template <class F>
+  static basic_tensor generate(const Mesh& mesh, const extents_type& extents, F&& f) {
+    basic_tensor t(mesh, extents);
+    if (!t.holds_partial_summand()) return t;
+    extents_type index{};
+    const std::size_t n = t.local_count();
+    for (std::size_t flat = 0; flat < n; ++flat) {
+      std::size_t rest = flat;
+      for (std::size_t i = rank; i-- > 0;) {
+        index[i] = t.offsets_[i] + rest % t.local_extents_[i];
+        rest /= t.local_extents_[i];
+      }
+      t.data_[flat] = static_cast<T>(f(std::as_const(index)));
+    }
+    return t;
+  }
+
+  // Each rank copies its block out of a global row-major array (identical on every rank).
+  static basic_tensor from_global(const Mesh& mesh, const extents_type& extents, std::span<const T> global) {
+    std::size_t total = 1;
+    for (auto e : extents) total *= e;
+    if (global.size() != total) {
+      throw shape_error(detail::message("zest: tensor \"", Dims.view(), "\"::from_global: the array has ",
+                                        global.size(), " elements, the extents need ", total));
+    }
+    return generate(mesh, extents, [&](const extents_type& i) {
+      std::size_t flat = 0;
+      for (std::size_t k = 0; k < rank; ++k) flat = flat * extents[k] + i[k];
+      return global[flat];
+    });
+  }
+
+  const Mesh& mesh() const { return *mesh_; }
+  const extents_type& extents() const { return extents_; }
+  std::size_t extent(char d) const { return extents_[dim_index(d)]; }
+  const extents_type& local_extents() const { return local_extents_; }
+  // Global index of this rank's first element along each dim.
+  const extents_type& local_offsets() const { return offsets_; }
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (auto e : extents_) n *= e;
+    return n;
+  }
+  std::size_t local_count() const {
+    std::size_t n = 1;
+    for (auto e : local_extents_) n *= e;
+    return n;
+  }
+
+  std::span<T> local() { return {data_.data(), data_.size()}; }
+  std::span<const T> local() const { return {data_.data(), data_.size()}; }
+  host_vector<T>& storage() { return data_; }
+  const host_vector<T>& storage() const { return data_; }
+
+  // The local shard as an Eigen matrix, no copy: rows = all dims but the last, cols = last.
+  auto local_matrix()
+    requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
+  {
+    return Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+        data_.data(), static_cast<Eigen::Index>(matrix_rows()), static_cast<Eigen::Index>(matrix_cols()));
+  }
+  auto local_matrix() const
+    requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
+  {
+    return Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+        data_.data(), static_cast<Eigen::Index>(matrix_rows()), static_cast<Eigen::Index>(matrix_cols()));
+  }
+
+  // Whether this rank's block carries (part of) the value: false on the ranks that hold
+  // zeros of a partial axis created from a replicated value.
+  bool holds_partial_summand() const {
+    for (std::size_t a = 0; a < Mesh::axis_count; ++a) {
+      if (Layout.is_partial(a) && mesh_->coord(a) != 0) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::size_t matrix_cols() const { return rank == 0 ? 1 : local_extents_[rank - 1]; }
+  std::size_t matrix_rows() const {
+    std::size_t n = 1;
+    for (std::size_t i = 0; i + 1 < rank; ++i) n *= local_extents_[i];
+    return n;
+  }
+  void locate() {
+    for (std::size_t i = 0; i < rank; ++i) {
+      const block_range r = dim_range(Layout, Dims[i], extents_[i], mesh_->sizes(), mesh_->coords());
+      offsets_[i] = r.offset;
+      local_extents_[i] = r.size;
+    }
+  }
+
+  const Mesh* mesh_;
+  extents_type extents_{};
+  extents_type local_extents_{};
+  extents_type offsets_{};
+  host_vector<T> data_;
+};
+
+// The spelling users write: zest::tensor<float, mesh_t, "bsm", layout<split<'b', "dp">>>.
+template <class T, class Mesh, fixed_string Dims, class Layout = layout<>>
+using tensor = basic_tensor<T, Mesh, Dims, layout_value_of<Mesh, Dims, Layout>>;
+
+namespace detail {
+template <class X>
+struct is_tensor : std::false_type {};
+template <class T, class M, fixed_string D, layout_value L>
+struct is_tensor<basic_tensor<T, M, D, L>> : std::true_type {};
+}  // namespace detail
+
+template <class X>
+concept sharded_tensor = detail::is_tensor<std::remove_cvref_t<X>>::value;
+
+// True when tensor type X has layout L (written as users write layouts):
+//   static_assert(zest::has_layout<decltype(y), zest::layout<zest::split<'b', "dp">>>);
+template <sharded_tensor X, class L>
+inline constexpr bool has_layout =
+    X::layout == layout_value_of<typename X::mesh_type, X::dims, L>;
+
+// The same tensor type with another layout.
+template <sharded_tensor X, layout_value L>
+using with_layout = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, L>;
+
+// "split(b:dp) partial(tp)"
+template <sharded_tensor X>
+std::string layout_string() {
+  return to_string(X::layout, X::mesh_type::axis_names);
+}
+
+}  // namespace zest
