@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <type_traits>
+#include <utility>
 
 namespace zest::memory {
 
@@ -55,6 +57,17 @@ struct tracking_allocator {
   void deallocate(T* p, std::size_t n) noexcept {
     note_freed(n * sizeof(T));
     ::operator delete(p, alignment);
+  }
+  // `vector<T>(n)` leaves trivial elements uninitialised: every buffer zest sizes this way
+  // is overwritten at once (a collective's output, a kernel's result), and zeroing large
+  // buffers first would cost a pass over memory. Code that needs zeros asks for them.
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0 && std::is_trivially_default_constructible_v<U>) {
+      ::new (static_cast<void*>(p)) U;
+    } else {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
   }
   template <class U>
   bool operator==(const tracking_allocator<U>&) const noexcept {

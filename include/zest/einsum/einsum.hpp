@@ -320,7 +320,7 @@ auto einsum(const X&... xs) {
       // Bring every operand to its planned layout (the plan's collectives happen here).
       std::tuple<decltype(detail::in_layout<traits::plan.operand_layouts[I]>(xs))...> ready{
           detail::in_layout<traits::plan.operand_layouts[I]>(xs)...};
-      contraction_t out(mesh, out_extents);
+      contraction_t out(mesh, out_extents, contraction_t::uninitialized);
       const std::array<host::operand_view<value_type>, sizeof...(X)> views{host::operand_view<value_type>{
           std::get<I>(ready).local().data(), traits::spec.inputs[I].view(),
           std::span<const std::size_t>(std::get<I>(ready).local_extents())}...};

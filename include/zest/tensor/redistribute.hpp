@@ -24,12 +24,34 @@ namespace zest {
 
 namespace detail {
 
-// A shard in flight between two layouts: its current layout and local extents.
+// A shard in flight between two layouts: its current layout, local extents and contents.
+// The contents start as the caller's buffer, borrowed: the first step that produces a new
+// buffer (all of them but all_reduce and zero_partial) reads it without a copy.
 template <class T, std::size_t Rank>
 struct moving_shard {
   layout_value layout;
   std::array<std::size_t, Rank> local{};
-  host_vector<T> data;
+  std::span<const T> data;
+  host_vector<T> owned;
+  bool borrowed = true;
+
+  T* writable() {
+    if (borrowed) {
+      owned.assign(data.begin(), data.end());
+      borrowed = false;
+    }
+    data = {owned.data(), owned.size()};
+    return owned.data();
+  }
+  void replace(host_vector<T>&& next) {
+    owned = std::move(next);
+    data = {owned.data(), owned.size()};
+    borrowed = false;
+  }
+  host_vector<T> release() {
+    if (borrowed) return host_vector<T>(data.begin(), data.end());
+    return std::move(owned);
+  }
 };
 
 template <std::size_t Rank>
@@ -61,12 +83,12 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
 
   switch (s.kind) {
     case step_kind::all_reduce: {
-      comm.all_reduce(std::span<T>(sh.data.data(), sh.data.size()), reduce_op::sum);
+      comm.all_reduce(std::span<T>(sh.writable(), sh.data.size()), reduce_op::sum);
       sh.layout.axes[s.axis] = axis_placement{};
       return;
     }
     case step_kind::zero_partial: {
-      if (me != 0) std::fill(sh.data.begin(), sh.data.end(), T{});
+      if (me != 0) std::fill_n(sh.writable(), sh.data.size(), T{});
       sh.layout.axes[s.axis] = axis_placement{placement_kind::partial, 0, 0};
       return;
     }
@@ -77,7 +99,7 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
       const auto sl = slab_around(sh.local, i);
       host_vector<T> out(sl.outer * part.size * sl.inner);
       copy_slices(sh.data.data(), sl.outer, sl.extent, part.offset, out.data(), part.size, 0, part.size, sl.inner);
-      sh.data = std::move(out);
+      sh.replace(std::move(out));
       sh.local[i] = part.size;
       sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.dim, order};
       return;
@@ -111,7 +133,7 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
           pos += ranges[c].size;
         }
       }
-      sh.data = std::move(out);
+      sh.replace(std::move(out));
       sh.local[i] = full;
       sh.layout.axes[s.axis] = axis_placement{};
       return;
@@ -141,7 +163,7 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
         comm.reduce_scatter(std::span<const T>(staged.data(), staged.size()), std::span<T>(out.data(), out.size()),
                             std::span<const std::size_t>(counts), reduce_op::sum);
       }
-      sh.data = std::move(out);
+      sh.replace(std::move(out));
       sh.local[i] = parts[me].size;
       sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.dim, order};
       return;
@@ -196,7 +218,7 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
         at += recv_counts[c];
         pos += from_ranges[c].size;
       }
-      sh.data = std::move(out);
+      sh.replace(std::move(out));
       sh.local = out_local;
       sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.to_dim, order};
       return;
@@ -210,11 +232,20 @@ namespace detail {
 // Carries out a plan on a shard; `from` may be a run-time value (tests sweep all pairs).
 template <fixed_string Dims, class T, class Mesh, std::size_t Rank>
 host_vector<T> run_transition(const transition_plan& plan, const layout_value& from,
-                              const std::array<std::size_t, Rank>& local, host_vector<T> data,
+                              const std::array<std::size_t, Rank>& local, std::span<const T> data,
                               const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
-  moving_shard<T, Rank> sh{from, local, std::move(data)};
+  moving_shard<T, Rank> sh{from, local, data, {}, true};
   for (const auto& s : plan) apply_step<T, Dims>(s, sh, global, mesh);
-  return std::move(sh.data);
+  return sh.release();
+}
+template <fixed_string Dims, class T, class Mesh, std::size_t Rank>
+host_vector<T> run_transition(const transition_plan& plan, const layout_value& from,
+                              const std::array<std::size_t, Rank>& local, host_vector<T>&& data,
+                              const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
+  moving_shard<T, Rank> sh{from, local, {}, {}, true};
+  sh.replace(std::move(data));
+  for (const auto& s : plan) apply_step<T, Dims>(s, sh, global, mesh);
+  return sh.release();
 }
 }  // namespace detail
 
@@ -227,8 +258,7 @@ basic_tensor<T, Mesh, Dims, To> redistribute_to(const basic_tensor<T, Mesh, Dims
     return result_t(t.mesh(), t.extents(), host_vector<T>(t.storage()));
   } else {
     return result_t(t.mesh(), t.extents(),
-                    detail::run_transition<Dims>(plan, From, t.local_extents(), host_vector<T>(t.storage()),
-                                                 t.extents(), t.mesh()));
+                    detail::run_transition<Dims>(plan, From, t.local_extents(), t.local(), t.extents(), t.mesh()));
   }
 }
 
@@ -237,7 +267,10 @@ basic_tensor<T, Mesh, Dims, To> redistribute_to(basic_tensor<T, Mesh, Dims, From
   if constexpr (plan_transition(From, To).size() == 0) {
     return basic_tensor<T, Mesh, Dims, To>(t.mesh(), t.extents(), std::move(t.storage()));
   } else {
-    return redistribute_to<To>(std::as_const(t));
+    static constexpr transition_plan plan = plan_transition(From, To);
+    return basic_tensor<T, Mesh, Dims, To>(
+        t.mesh(), t.extents(),
+        detail::run_transition<Dims>(plan, From, t.local_extents(), std::move(t.storage()), t.extents(), t.mesh()));
   }
 }
 

@@ -77,6 +77,14 @@ class basic_tensor {
     data_.assign(local_count(), T{});
   }
 
+  // Storage of the right size, contents unspecified: for results that a kernel overwrites.
+  struct uninitialized_t {};
+  static constexpr uninitialized_t uninitialized{};
+  basic_tensor(const Mesh& mesh, const extents_type& extents, uninitialized_t) : mesh_(&mesh), extents_(extents) {
+    locate();
+    data_.resize(local_count());
+  }
+
   // Takes over a local shard that the caller computed (size must match the layout).
   basic_tensor(const Mesh& mesh, const extents_type& extents, host_vector<T>&& local)
       : mesh_(&mesh), extents_(extents), data_(std::move(local)) {
