@@ -1,10 +1,43 @@
 // zest/zest.hpp — the umbrella header: everything a user program needs.
+//
+//   #include <zest/zest.hpp>
+//   using mesh_t = zest::mesh<"dp", "tp">;
+//   using x_t = zest::tensor<float, mesh_t, "bsm", zest::layout<zest::split<'b', "dp">>>;
+//   auto y = zest::einsum<"bsm,mh->bsh">(x, w);
 #pragma once
 
 #include "zest/config.hpp"
+
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/memory.hpp"
+
 #include "zest/comm/checked.hpp"
 #include "zest/comm/communicator.hpp"
+#include "zest/comm/local_communicator.hpp"
+#if ZEST_HAS_MPI
+#include "zest/comm/mpi_communicator.hpp"
+#include "zest/comm/mpi_environment.hpp"
+#endif
+
+#include "zest/mesh/mesh.hpp"
+
+#include "zest/layout/layout.hpp"
+#include "zest/layout/placement.hpp"
+#include "zest/layout/shard.hpp"
+#include "zest/layout/transition.hpp"
+
+#include "zest/tensor/redistribute.hpp"
+#include "zest/tensor/tensor.hpp"
+
+#include "zest/backend/host/contract.hpp"
+
+#include "zest/einsum/einsum.hpp"
+#include "zest/einsum/plan.hpp"
+#include "zest/einsum/policy.hpp"
+#include "zest/einsum/spec.hpp"
+
+#include "zest/plan/explain.hpp"
+#include "zest/plan/visualize.hpp"

@@ -947,6 +947,8 @@ mpi_call typed_call(collective kind) {
 }  // namespace detail
 
 // Collectives over an MPI communicator (a mesh axis or the world). See the top of this file.
+// Requests may outlive the communicator (they share its state) but not MPI_Finalize; a
+// moved-from communicator may only be assigned to or destroyed.
 class mpi_communicator {
  public:
   // Duplicates comm twice (data, and checked mode's exchanges), so zest's traffic never

@@ -212,42 +212,32 @@ constexpr bool add_placement(layout_check& c, std::array<bool, max_axes>& used) 
   if constexpr (!placement<P>) {
     c.problem = layout_problem::not_a_placement;
     return false;
-  } else {
-    return [&]<class Q>(std::type_identity<Q>) {
-      if constexpr (requires { Q::dim; }) {
-        return [&]<char D, fixed_string... Axes>(std::type_identity<split<D, Axes...>>) {
-          if constexpr (sizeof...(Axes) == 0) {
-            c.problem = layout_problem::split_without_axis;
-            return false;
-          } else {
-            if (Dims.view().find(D) == std::string_view::npos) {
-              c.problem = layout_problem::unknown_dim;
-              return false;
-            }
-            if (c.value.split_count(D) != 0) {
-              c.problem = layout_problem::dim_split_twice;
-              return false;
-            }
-            std::uint8_t order = 0;
-            const std::array<std::string_view, sizeof...(Axes)> list{Axes.view()...};
-            for (auto axis : list) {
-              const std::size_t a = claim(axis);
-              if (a == n) return false;
-              c.value.axes[a] = axis_placement{placement_kind::split, D, order++};
-            }
-            return true;
-          }
-        }(std::type_identity<Q>{});
-      } else {
-        return [&]<template <fixed_string> class K, fixed_string Axis>(
-                   std::type_identity<K<Axis>>) {
-          const std::size_t a = claim(Axis.view());
-          if (a == n) return false;
-          c.value.axes[a] = axis_placement{Q::kind, 0, 0};
-          return true;
-        }(std::type_identity<Q>{});
+  } else if constexpr (P::kind == placement_kind::split) {
+    if constexpr (P::axes.size() == 0) {
+      c.problem = layout_problem::split_without_axis;
+      return false;
+    } else {
+      if (Dims.view().find(P::dim) == std::string_view::npos) {
+        c.problem = layout_problem::unknown_dim;
+        return false;
       }
-    }(std::type_identity<P>{});
+      if (c.value.split_count(P::dim) != 0) {
+        c.problem = layout_problem::dim_split_twice;
+        return false;
+      }
+      std::uint8_t order = 0;
+      for (auto axis : P::axes) {
+        const std::size_t a = claim(axis);
+        if (a == n) return false;
+        c.value.axes[a] = axis_placement{placement_kind::split, P::dim, order++};
+      }
+      return true;
+    }
+  } else {
+    const std::size_t a = claim(P::axes[0]);
+    if (a == n) return false;
+    c.value.axes[a] = axis_placement{P::kind, 0, 0};
+    return true;
   }
 }
 
@@ -262,21 +252,43 @@ constexpr layout_check check_layout() {
   return c;
 }
 
-template <class Mesh, fixed_string Dims, class L>
-struct layout_of {
-  [[maybe_unused]] layout_error::not_a_layout<L> diagnose;
-  static constexpr layout_value value{};
+// The placements of a layout type. Specialised on the layout alone (not together with the
+// mesh and dims) because nvcc's front end does not match partial specialisations whose
+// other parameters are class-type template arguments.
+template <class L>
+struct layout_parts {
+  static constexpr bool is_layout = false;
+  using list = std::tuple<void>;
+};
+template <class... P>
+struct layout_parts<layout<P...>> {
+  static constexpr bool is_layout = true;
+  using list = std::tuple<P..., void>;
+  template <class Mesh, fixed_string Dims>
+  static constexpr layout_check check() {
+    return check_layout<Mesh, Dims, P...>();
+  }
 };
 
-template <class Mesh, fixed_string Dims, class... P>
-struct layout_of<Mesh, Dims, layout<P...>> {
-  static constexpr layout_check check = check_layout<Mesh, Dims, P...>();
-  using culprit = std::tuple_element_t<(sizeof...(P) == 0 ? 0 : check.index),
-                                       std::tuple<P..., void>>;
+template <class Mesh, fixed_string Dims, class L>
+struct layout_of {
+  using parts = layout_parts<L>;
+  static constexpr layout_check check = [] {
+    if constexpr (parts::is_layout) {
+      return parts::template check<Mesh, Dims>();
+    } else {
+      layout_check c;
+      c.problem = layout_problem::not_a_layout;
+      return c;
+    }
+  }();
+  using culprit = std::tuple_element_t<check.index, typename parts::list>;
 
   static constexpr bool diagnose() {
     using enum layout_problem;
-    if constexpr (check.problem == unknown_axis) {
+    if constexpr (check.problem == not_a_layout) {
+      (void)layout_error::not_a_layout<L>{};
+    } else if constexpr (check.problem == unknown_axis) {
       (void)layout_error::unknown_mesh_axis<culprit, Mesh>{};
     } else if constexpr (check.problem == axis_used_twice) {
       (void)layout_error::mesh_axis_used_twice<culprit, Mesh>{};

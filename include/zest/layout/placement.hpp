@@ -12,43 +12,49 @@
 // gathering the last axis leave a valid split over the others.
 #pragma once
 
+#include <array>
+#include <concepts>
 #include <cstdint>
-#include <type_traits>
+#include <string_view>
 
 #include "zest/core/fixed_string.hpp"
 
 namespace zest {
 
-enum class placement_kind : std::uint8_t { replicate, split, partial };
+// No enumerator is zero: g++ 12 mangles a class-type template argument without its
+// zero-valued array elements, so two layouts that differ only by where a replicated axis
+// sits would get one symbol (and the linker would keep one body for both).
+enum class placement_kind : std::uint8_t { replicate = 1, split = 2, partial = 3 };
 
+// Each placement states what it is through static members (kind, dim, axes) rather than
+// being recognised by pattern matching: that is what the `placement` concept checks, and
+// it works the same in every compiler front end (nvcc's included).
 template <fixed_string Axis>
 struct replicate {
   static constexpr placement_kind kind = placement_kind::replicate;
+  static constexpr char dim = 0;
+  static constexpr std::array<std::string_view, 1> axes{Axis.view()};
 };
 
 template <char Dim, fixed_string... Axes>
 struct split {
   static constexpr placement_kind kind = placement_kind::split;
   static constexpr char dim = Dim;
+  static constexpr std::array<std::string_view, sizeof...(Axes)> axes{Axes.view()...};
 };
 
 template <fixed_string Axis>
 struct partial {
   static constexpr placement_kind kind = placement_kind::partial;
+  static constexpr char dim = 0;
+  static constexpr std::array<std::string_view, 1> axes{Axis.view()};
 };
 
-namespace detail {
 template <class P>
-struct is_placement : std::false_type {};
-template <fixed_string A>
-struct is_placement<replicate<A>> : std::true_type {};
-template <char D, fixed_string... A>
-struct is_placement<split<D, A...>> : std::true_type {};
-template <fixed_string A>
-struct is_placement<partial<A>> : std::true_type {};
-}  // namespace detail
-
-template <class P>
-concept placement = detail::is_placement<P>::value;
+concept placement = requires {
+  { P::kind } -> std::convertible_to<placement_kind>;
+  { P::dim } -> std::convertible_to<char>;
+  P::axes.size();
+};
 
 }  // namespace zest

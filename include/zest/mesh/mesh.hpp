@@ -199,13 +199,22 @@ class basic_mesh {
   std::unique_ptr<Comm> world_;
 };
 
+// The two meshes are classes rather than alias templates: nvcc's host-code generator
+// loses string-literal template arguments that pass through an alias template.
 #if ZEST_HAS_MPI
+// A mesh over MPI ranks.
 template <fixed_string... Axes>
-using mesh = basic_mesh<mpi_communicator, Axes...>;
+class mesh : public basic_mesh<mpi_communicator, Axes...> {
+ public:
+  using basic_mesh<mpi_communicator, Axes...>::basic_mesh;
+};
 #endif
 
 // A mesh of one process, no MPI: every axis has size 1.
 template <fixed_string... Axes>
-using local_mesh = basic_mesh<local_communicator, Axes...>;
+class local_mesh : public basic_mesh<local_communicator, Axes...> {
+ public:
+  using basic_mesh<local_communicator, Axes...>::basic_mesh;
+};
 
 }  // namespace zest

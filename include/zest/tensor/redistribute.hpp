@@ -249,28 +249,34 @@ host_vector<T> run_transition(const transition_plan& plan, const layout_value& f
 }
 }  // namespace detail
 
-// Runs the compile-time plan from the tensor's layout to To.
-template <layout_value To, class T, class Mesh, fixed_string Dims, layout_value From>
-basic_tensor<T, Mesh, Dims, To> redistribute_to(const basic_tensor<T, Mesh, Dims, From>& t) {
-  static constexpr transition_plan plan = plan_transition(From, To);
-  using result_t = basic_tensor<T, Mesh, Dims, To>;
+// The plan between two layouts, computed once per pair.
+template <layout_value From, layout_value To>
+inline constexpr transition_plan transition_plan_v = plan_transition(From, To);
+
+// Runs the compile-time plan from the tensor's layout to To. (The tensor type is taken whole
+// and taken apart through its members: deducing class-type template arguments from a
+// function argument is something nvcc's front end does not do.)
+template <layout_value To, sharded_tensor X>
+auto redistribute_to(X&& t) {
+  using x_t = std::remove_cvref_t<X>;
+  using value_type = typename x_t::value_type;
+  using result_t = with_layout<x_t, To>;
+  constexpr const transition_plan& plan = transition_plan_v<x_t::layout, To>;
+  constexpr bool owned = !std::is_lvalue_reference_v<X> && !std::is_const_v<std::remove_reference_t<X>>;
   if constexpr (plan.size() == 0) {
-    return result_t(t.mesh(), t.extents(), host_vector<T>(t.storage()));
+    if constexpr (owned) {
+      return result_t(t.mesh(), t.extents(), std::move(t.storage()));
+    } else {
+      return result_t(t.mesh(), t.extents(), host_vector<value_type>(t.storage()));
+    }
+  } else if constexpr (owned) {
+    return result_t(t.mesh(), t.extents(),
+                    detail::run_transition<x_t::dims>(plan, x_t::layout, t.local_extents(), std::move(t.storage()),
+                                                      t.extents(), t.mesh()));
   } else {
     return result_t(t.mesh(), t.extents(),
-                    detail::run_transition<Dims>(plan, From, t.local_extents(), t.local(), t.extents(), t.mesh()));
-  }
-}
-
-template <layout_value To, class T, class Mesh, fixed_string Dims, layout_value From>
-basic_tensor<T, Mesh, Dims, To> redistribute_to(basic_tensor<T, Mesh, Dims, From>&& t) {
-  if constexpr (plan_transition(From, To).size() == 0) {
-    return basic_tensor<T, Mesh, Dims, To>(t.mesh(), t.extents(), std::move(t.storage()));
-  } else {
-    static constexpr transition_plan plan = plan_transition(From, To);
-    return basic_tensor<T, Mesh, Dims, To>(
-        t.mesh(), t.extents(),
-        detail::run_transition<Dims>(plan, From, t.local_extents(), std::move(t.storage()), t.extents(), t.mesh()));
+                    detail::run_transition<x_t::dims>(plan, x_t::layout, t.local_extents(), std::span<const value_type>(t.local()), t.extents(),
+                                                      t.mesh()));
   }
 }
 

@@ -62,6 +62,7 @@ class basic_tensor {
                 "zest tensor: a dim letter appears twice; give every dim its own letter");
 
  public:
+  using zest_tensor_tag = void;  // opts into the sharded_tensor concept
   using value_type = T;
   using mesh_type = Mesh;
   static constexpr fixed_string dims = Dims;
@@ -200,15 +201,8 @@ class basic_tensor {
 template <class T, class Mesh, fixed_string Dims, class Layout = layout<>>
 using tensor = basic_tensor<T, Mesh, Dims, layout_value_of<Mesh, Dims, Layout>>;
 
-namespace detail {
 template <class X>
-struct is_tensor : std::false_type {};
-template <class T, class M, fixed_string D, layout_value L>
-struct is_tensor<basic_tensor<T, M, D, L>> : std::true_type {};
-}  // namespace detail
-
-template <class X>
-concept sharded_tensor = detail::is_tensor<std::remove_cvref_t<X>>::value;
+concept sharded_tensor = requires { typename std::remove_cvref_t<X>::zest_tensor_tag; };
 
 // True when tensor type X has layout L (written as users write layouts):
 //   static_assert(zest::has_layout<decltype(y), zest::layout<zest::split<'b', "dp">>>);

@@ -25,11 +25,11 @@
 #include <cstddef>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <vector>
 
 #include "zest/backend/host/gemm.hpp"
 #include "zest/backend/host/permute.hpp"
@@ -49,6 +49,33 @@ struct operand_view {
 namespace detail {
 
 inline constexpr std::size_t no_dim = static_cast<std::size_t>(-1);
+
+// Scratch buffers kept per thread and reused across calls: a fresh large allocation costs a
+// page fault per 4 KiB, about as much as the permute that fills it. Slots are fixed uses
+// within one contract call, so buffers that are live together never alias.
+enum scratch_slot : std::size_t { reduced_x, reduced_y, permuted_x, permuted_y, permuted_z,
+                                  bf16_x, bf16_y, bf16_z, slot_count };
+template <class T>
+struct scratch_cache {
+  std::array<std::unique_ptr<T[]>, slot_count> data;
+  std::array<std::size_t, slot_count> size{};
+};
+template <class T>
+scratch_cache<T>& thread_scratch() {
+  thread_local scratch_cache<T> cache;
+  return cache;
+}
+// An uninitialised buffer of at least n elements.
+template <class T>
+T* scratch(scratch_slot slot, std::size_t n) {
+  auto& cache = thread_scratch<T>();
+  if (cache.size[slot] < n) {
+    cache.data[slot].reset();
+    cache.data[slot] = std::make_unique_for_overwrite<T[]>(n);
+    cache.size[slot] = n;
+  }
+  return cache.data[slot].get();
+}
 
 // A tensor as the planner sees it: its dims outermost first, with extent-1 dims dropped
 // (they never move an offset, and dropping them lets more groups count as contiguous).
@@ -193,17 +220,16 @@ inline gemm_plan plan_direct(const tensor_layout& x, const tensor_layout& y,
     const tensor_layout& q = swap ? x : y;  // gives N, gemm's B
     // K: contracted dims in p's order, which must be a contiguous chain in p and in q.
     std::size_t k = 1, skp = 0, skq = 0;
-    char prev = 0;
-    bool k_ok = true;
+    bool first = true, k_ok = true;
     for (std::size_t d = 0; d < p.rank && k_ok; ++d) {
       const char l = p.label[d];
       if (!q.has(l) || z.has(l)) continue;
       const std::size_t e = p.extent[d], sp = p.stride[d], sq = q.stride_of(l);
-      if (prev != 0) k_ok = skp == sp * e && skq == sq * e;
+      if (!first) k_ok = skp == sp * e && skq == sq * e;
+      first = false;
       k *= e;
       skp = sp;
       skq = sq;
-      prev = l;
     }
     if (!k_ok) return best;  // the same test fails with the roles swapped
     // N: the longest run of q-only dims at the inside of the output, contiguous in q.
@@ -321,20 +347,20 @@ void contract_pair(tensor_layout x, const T* xd, tensor_layout y, const T* yd,
                    const tensor_layout& z, T* out, bool accumulate) {
   // Dims in one operand only and not in the output are summed out of it first:
   // "ij,jk->k" sums i out of the first operand, then is "j,jk->k".
-  std::vector<T> x_reduced, y_reduced;
   const auto sum_only_dims = [&z](tensor_layout& t, const T*& data, const tensor_layout& other,
-                                  std::vector<T>& buffer) {
+                                  scratch_slot slot) {
     const std::string kept =
         labels_in_order(t, [&](char l) { return z.has(l) || other.has(l); });
     if (kept.size() == t.rank) return;
     const tensor_layout reduced = dense_layout_like(kept, t);
-    buffer.assign(reduced.size(), T(0));
-    reduce_into(t, data, reduced, buffer.data());
+    T* buffer = scratch<T>(slot, reduced.size());
+    std::fill_n(buffer, reduced.size(), T(0));
+    reduce_into(t, data, reduced, buffer);
     t = reduced;
-    data = buffer.data();
+    data = buffer;
   };
-  sum_only_dims(x, xd, y, x_reduced);
-  sum_only_dims(y, yd, x, y_reduced);
+  sum_only_dims(x, xd, y, reduced_x);
+  sum_only_dims(y, yd, x, reduced_y);
 
   // Try every subset of {x, y, z} to permute into the canonical batched-GEMM layouts
   //   x' = (batch, free x, contracted), y' = (batch, contracted, free y),
@@ -399,27 +425,26 @@ void contract_pair(tensor_layout x, const T* xd, tensor_layout y, const T* yd,
   if (!best.plan.valid) {
     throw shape_error("zest: contract: internal error, no GEMM plan found");  // unreachable
   }
-  std::vector<T> xp, yp, zp;
   if (best.px) {
-    xp.resize(x.size());
-    relayout<false>(x, xd, best.x, xp.data());
-    xd = xp.data();
+    T* xp = scratch<T>(permuted_x, x.size());
+    relayout<false>(x, xd, best.x, xp);
+    xd = xp;
   }
   if (best.py) {
-    yp.resize(y.size());
-    relayout<false>(y, yd, best.y, yp.data());
-    yd = yp.data();
+    T* yp = scratch<T>(permuted_y, y.size());
+    relayout<false>(y, yd, best.y, yp);
+    yd = yp;
   }
   if (!best.pz) {
     run_plan(best.plan, xd, yd, out, accumulate);
     return;
   }
-  zp.resize(z.size());
-  run_plan(best.plan, xd, yd, zp.data(), false);
+  T* zp = scratch<T>(permuted_z, z.size());
+  run_plan(best.plan, xd, yd, zp, false);
   if (accumulate) {
-    relayout<true>(best.z, zp.data(), z, out);
+    relayout<true>(best.z, zp, z, out);
   } else {
-    relayout<false>(best.z, zp.data(), z, out);
+    relayout<false>(best.z, zp, z, out);
   }
 }
 
@@ -546,24 +571,30 @@ void contract(std::span<const operand_view<T>> operands, std::string_view out_la
   }
   if constexpr (std::is_same_v<T, bfloat16>) {
     // Compute in float: one rounding at the end instead of one per partial sum.
-    std::array<std::vector<float>, 2> inputs;
     std::array<operand_view<float>, 2> views{};
     for (std::size_t i = 0; i < operands.size(); ++i) {
       const std::size_t n = detail::element_count(operands[i].extents);
-      inputs[i].resize(n);
-      for (std::size_t e = 0; e < n; ++e) inputs[i][e] = float(operands[i].data[e]);
-      views[i] = {inputs[i].data(), operands[i].labels, operands[i].extents};
+      float* input = detail::scratch<float>(i == 0 ? detail::bf16_x : detail::bf16_y, n);
+      for (std::size_t e = 0; e < n; ++e) input[e] = float(operands[i].data[e]);
+      views[i] = {input, operands[i].labels, operands[i].extents};
     }
-    std::vector<float> result(out_count);
+    float* result = detail::scratch<float>(detail::bf16_z, out_count);
     if (accumulate) {
       for (std::size_t e = 0; e < out_count; ++e) result[e] = float(out[e]);
     }
     detail::contract_checked<float>(std::span(views.data(), operands.size()), out_labels,
-                                    result.data(), out_extents, accumulate);
+                                    result, out_extents, accumulate);
     for (std::size_t e = 0; e < out_count; ++e) out[e] = bfloat16(result[e]);
   } else {
     detail::contract_checked<T>(operands, out_labels, out, out_extents, accumulate);
   }
+}
+
+// Frees the scratch buffers that contract keeps on the calling thread (they hold the largest
+// permuted operands seen so far, so that repeated calls do not page-fault afresh).
+inline void release_workspace() {
+  detail::thread_scratch<float>() = {};
+  detail::thread_scratch<double>() = {};
 }
 
 // Braced-list convenience: contract({{a, "ik", ae}, {b, "kj", be}}, "ij", c, ce).

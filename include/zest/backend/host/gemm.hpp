@@ -106,6 +106,29 @@ void gemm_one(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::siz
   const auto bi = [](std::size_t x) { return static_cast<blasint>(x); };
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  // A product with one output row or column is a matrix-vector product; GEMV streams the
+  // matrix once where GEMM would pack it first (about twice as fast for "ij,j->i").
+  if (n == 1 || m == 1) {
+    const auto gemv = [](CBLAS_TRANSPOSE t, std::size_t rows, std::size_t cols, T alpha_,
+                         const T* mat, std::size_t ld, const T* x, std::size_t incx, T beta_,
+                         T* y, std::size_t incy) {
+      const auto i = [](std::size_t v) { return static_cast<blasint>(v); };
+      if constexpr (std::is_same_v<T, float>) {
+        cblas_sgemv(CblasRowMajor, t, i(rows), i(cols), alpha_, mat, i(ld), x, i(incx), beta_, y,
+                    i(incy));
+      } else {
+        cblas_dgemv(CblasRowMajor, t, i(rows), i(cols), alpha_, mat, i(ld), x, i(incx), beta_, y,
+                    i(incy));
+      }
+    };
+    if (n == 1) {  // c[i * ldc] = sum_p op(A)[i, p] * op(B)[p, 0]
+      gemv(ta, trans_a ? k : m, trans_a ? m : k, alpha, a, lda, b, trans_b ? 1 : ldb, beta, c, ldc);
+    } else {  // c[j] = sum_p op(A)[0, p] * op(B)[p, j], i.e. op(B)^T times a row
+      gemv(trans_b ? CblasNoTrans : CblasTrans, trans_b ? n : k, trans_b ? k : n, alpha, b, ldb, a,
+           trans_a ? lda : 1, beta, c, 1);
+    }
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, ta, tb, bi(m), bi(n), bi(k), alpha, a, bi(lda), b, bi(ldb), beta,
                 c, bi(ldc));
