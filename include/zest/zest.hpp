@@ -32,7 +32,9 @@
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/tensor.hpp"
 
+#include "zest/backend/backend.hpp"
 #include "zest/backend/host/contract.hpp"
+#include "zest/backend/host/host_backend.hpp"
 
 #include "zest/einsum/einsum.hpp"
 #include "zest/einsum/plan.hpp"

@@ -324,7 +324,8 @@ auto einsum(const X&... xs) {
       const std::array<host::operand_view<value_type>, sizeof...(X)> views{host::operand_view<value_type>{
           std::get<I>(ready).local().data(), traits::spec.inputs[I].view(),
           std::span<const std::size_t>(std::get<I>(ready).local_extents())}...};
-      host::contract<value_type>(std::span<const host::operand_view<value_type>>(views), traits::spec.output.view(),
+      backend_of<typename traits::mesh_type>::template contract<value_type>(
+          std::span<const host::operand_view<value_type>>(views), traits::spec.output.view(),
                                  out.local().data(), std::span<const std::size_t>(out.local_extents()));
       if constexpr (traits::plan.output_steps.size() == 0) {
         return typename traits::result_type(mesh, out.extents(), std::move(out.storage()));

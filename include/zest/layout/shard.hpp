@@ -41,18 +41,5 @@ constexpr block_range dim_range(const layout_value& v, char d, std::size_t exten
   return r;
 }
 
-namespace detail {
-// Copies `len` slices along one dim: the data is seen as [outer][D][inner]; slice positions
-// src_off.. of a source with D = src_d go to dst_off.. of a destination with D = dst_d.
-template <class T>
-void copy_slices(const T* src, std::size_t outer, std::size_t src_d, std::size_t src_off, T* dst,
-                 std::size_t dst_d, std::size_t dst_off, std::size_t len, std::size_t inner) {
-  const std::size_t run = len * inner;
-  if (run == 0) return;
-  for (std::size_t o = 0; o < outer; ++o) {
-    std::copy_n(src + (o * src_d + src_off) * inner, run, dst + (o * dst_d + dst_off) * inner);
-  }
-}
-}  // namespace detail
 
 }  // namespace zest

@@ -12,8 +12,10 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
+#include "zest/backend/backend.hpp"
 #include "zest/core/error.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
@@ -27,29 +29,31 @@ namespace detail {
 // A shard in flight between two layouts: its current layout, local extents and contents.
 // The contents start as the caller's buffer, borrowed: the first step that produces a new
 // buffer (all of them but all_reduce and zero_partial) reads it without a copy.
-template <class T, std::size_t Rank>
+template <class T, class Backend, std::size_t Rank>
 struct moving_shard {
+  using buffer = typename Backend::template buffer<T>;
   layout_value layout;
   std::array<std::size_t, Rank> local{};
   std::span<const T> data;
-  host_vector<T> owned;
+  buffer owned;
   bool borrowed = true;
 
   T* writable() {
     if (borrowed) {
-      owned.assign(data.begin(), data.end());
+      owned = buffer(data.size());
+      Backend::copy_slices(data.data(), 1, 1, 0, owned.data(), 1, 0, 1, data.size());
       borrowed = false;
     }
     data = {owned.data(), owned.size()};
     return owned.data();
   }
-  void replace(host_vector<T>&& next) {
+  void replace(buffer&& next) {
     owned = std::move(next);
     data = {owned.data(), owned.size()};
     borrowed = false;
   }
-  host_vector<T> release() {
-    if (borrowed) return host_vector<T>(data.begin(), data.end());
+  buffer release() {
+    if (borrowed) writable();
     return std::move(owned);
   }
 };
@@ -72,8 +76,8 @@ block_range range_at(const layout_value& v, char d, std::size_t extent, const Me
   return dim_range(v, d, extent, mesh.sizes(), coords);
 }
 
-template <class T, fixed_string Dims, class Mesh, std::size_t Rank>
-void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::array<std::size_t, Rank>& global,
+template <class T, fixed_string Dims, class Mesh, class Backend, std::size_t Rank>
+void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, const std::array<std::size_t, Rank>& global,
                 const Mesh& mesh) {
   auto& comm = mesh.axis(s.axis);
   const auto n = static_cast<std::size_t>(mesh.size(s.axis));
@@ -88,7 +92,7 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
       return;
     }
     case step_kind::zero_partial: {
-      if (me != 0) std::fill_n(sh.writable(), sh.data.size(), T{});
+      if (me != 0) Backend::fill(sh.writable(), sh.data.size(), T{});
       sh.layout.axes[s.axis] = axis_placement{placement_kind::partial, 0, 0};
       return;
     }
@@ -97,8 +101,8 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
       const auto order = static_cast<std::uint8_t>(sh.layout.split_count(s.dim));
       const block_range part = balanced_block(sh.local[i], n, me);
       const auto sl = slab_around(sh.local, i);
-      host_vector<T> out(sl.outer * part.size * sl.inner);
-      copy_slices(sh.data.data(), sl.outer, sl.extent, part.offset, out.data(), part.size, 0, part.size, sl.inner);
+      typename Backend::template buffer<T> out(sl.outer * part.size * sl.inner);
+      Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, part.offset, out.data(), part.size, 0, part.size, sl.inner);
       sh.replace(std::move(out));
       sh.local[i] = part.size;
       sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.dim, order};
@@ -116,18 +120,18 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
       }
       std::size_t full = 0;
       for (const auto& r : ranges) full += r.size;
-      host_vector<T> out(sl.outer * full * sl.inner);
+      typename Backend::template buffer<T> out(sl.outer * full * sl.inner);
       if (sl.outer == 1) {  // blocks are already in place, in rank order
         comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()), std::span<T>(out.data(), out.size()),
                         std::span<const std::size_t>(counts));
       } else {
-        host_vector<T> staged(out.size());
+        typename Backend::template buffer<T> staged(out.size());
         comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()),
                         std::span<T>(staged.data(), staged.size()), std::span<const std::size_t>(counts));
         std::size_t at = 0;
         std::size_t pos = 0;
         for (std::size_t c = 0; c < n; ++c) {
-          copy_slices(staged.data() + at, sl.outer, ranges[c].size, 0, out.data(), full, pos, ranges[c].size,
+          Backend::copy_slices(staged.data() + at, sl.outer, ranges[c].size, 0, out.data(), full, pos, ranges[c].size,
                       sl.inner);
           at += counts[c];
           pos += ranges[c].size;
@@ -148,15 +152,15 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
         parts[c] = balanced_block(sl.extent, n, c);
         counts[c] = sl.outer * parts[c].size * sl.inner;
       }
-      host_vector<T> out(counts[me]);
+      typename Backend::template buffer<T> out(counts[me]);
       if (sl.outer == 1) {
         comm.reduce_scatter(std::span<const T>(sh.data.data(), sh.data.size()), std::span<T>(out.data(), out.size()),
                             std::span<const std::size_t>(counts), reduce_op::sum);
       } else {
-        host_vector<T> staged(sh.data.size());
+        typename Backend::template buffer<T> staged(sh.data.size());
         std::size_t at = 0;
         for (std::size_t c = 0; c < n; ++c) {
-          copy_slices(sh.data.data(), sl.outer, sl.extent, parts[c].offset, staged.data() + at, parts[c].size, 0,
+          Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, parts[c].offset, staged.data() + at, parts[c].size, 0,
                       parts[c].size, sl.inner);
           at += counts[c];
         }
@@ -193,27 +197,27 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
         recv_counts[c] = rest * from_ranges[c].size * to_parts[me].size;
         full += from_ranges[c].size;
       }
-      host_vector<T> send(sh.data.size());
+      typename Backend::template buffer<T> send(sh.data.size());
       std::size_t at = 0;
       for (std::size_t c = 0; c < n; ++c) {
-        copy_slices(sh.data.data(), send_slab.outer, send_slab.extent, to_parts[c].offset, send.data() + at,
+        Backend::copy_slices(sh.data.data(), send_slab.outer, send_slab.extent, to_parts[c].offset, send.data() + at,
                     to_parts[c].size, 0, to_parts[c].size, send_slab.inner);
         at += send_counts[c];
       }
       std::size_t recv_total = 0;
       for (auto c : recv_counts) recv_total += c;
-      host_vector<T> recv(recv_total);
+      typename Backend::template buffer<T> recv(recv_total);
       comm.all_to_all(std::span<const T>(send.data(), send.size()), std::span<const std::size_t>(send_counts),
                       std::span<T>(recv.data(), recv.size()), std::span<const std::size_t>(recv_counts));
       auto out_local = sh.local;
       out_local[i] = full;
       out_local[j] = to_parts[me].size;
       const auto recv_slab = slab_around(out_local, i);
-      host_vector<T> out(recv_total);
+      typename Backend::template buffer<T> out(recv_total);
       at = 0;
       std::size_t pos = 0;
       for (std::size_t c = 0; c < n; ++c) {
-        copy_slices(recv.data() + at, recv_slab.outer, from_ranges[c].size, 0, out.data(), full, pos,
+        Backend::copy_slices(recv.data() + at, recv_slab.outer, from_ranges[c].size, 0, out.data(), full, pos,
                     from_ranges[c].size, recv_slab.inner);
         at += recv_counts[c];
         pos += from_ranges[c].size;
@@ -230,21 +234,24 @@ void apply_step(const transition_step& s, moving_shard<T, Rank>& sh, const std::
 
 namespace detail {
 // Carries out a plan on a shard; `from` may be a run-time value (tests sweep all pairs).
-template <fixed_string Dims, class T, class Mesh, std::size_t Rank>
-host_vector<T> run_transition(const transition_plan& plan, const layout_value& from,
-                              const std::array<std::size_t, Rank>& local, std::span<const T> data,
-                              const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
-  moving_shard<T, Rank> sh{from, local, data, {}, true};
-  for (const auto& s : plan) apply_step<T, Dims>(s, sh, global, mesh);
+// The shard is either borrowed (a span, read by the first step) or handed over (a buffer).
+template <fixed_string Dims, class T, class Mesh, std::size_t Rank, class Backend = backend_of<Mesh>>
+typename Backend::template buffer<T> run_transition(const transition_plan& plan, const layout_value& from,
+                                                    const std::array<std::size_t, Rank>& local,
+                                                    std::span<const T> data,
+                                                    const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
+  moving_shard<T, Backend, Rank> sh{from, local, data, {}, true};
+  for (const auto& s : plan) apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
   return sh.release();
 }
-template <fixed_string Dims, class T, class Mesh, std::size_t Rank>
-host_vector<T> run_transition(const transition_plan& plan, const layout_value& from,
-                              const std::array<std::size_t, Rank>& local, host_vector<T>&& data,
-                              const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
-  moving_shard<T, Rank> sh{from, local, {}, {}, true};
+template <fixed_string Dims, class Buffer, class Mesh, std::size_t Rank, class Backend = backend_of<Mesh>>
+  requires(!std::is_lvalue_reference_v<Buffer>)
+Buffer run_transition(const transition_plan& plan, const layout_value& from, const std::array<std::size_t, Rank>& local,
+                      Buffer&& data, const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
+  using T = typename Buffer::value_type;
+  moving_shard<T, Backend, Rank> sh{from, local, {}, {}, true};
   sh.replace(std::move(data));
-  for (const auto& s : plan) apply_step<T, Dims>(s, sh, global, mesh);
+  for (const auto& s : plan) apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
   return sh.release();
 }
 }  // namespace detail
@@ -267,7 +274,7 @@ auto redistribute_to(X&& t) {
     if constexpr (owned) {
       return result_t(t.mesh(), t.extents(), std::move(t.storage()));
     } else {
-      return result_t(t.mesh(), t.extents(), host_vector<value_type>(t.storage()));
+      return result_t(t.mesh(), t.extents(), typename result_t::storage_type(t.storage()));
     }
   } else if constexpr (owned) {
     return result_t(t.mesh(), t.extents(),
@@ -296,8 +303,8 @@ inline constexpr transition_plan redistribute_plan =
 template <sharded_tensor X>
 std::vector<typename std::remove_cvref_t<X>::value_type> to_global(const X& t) {
   using x_t = std::remove_cvref_t<X>;
-  auto full = redistribute_to<replicated_layout(x_t::mesh_type::axis_count)>(t);
-  return std::vector<typename x_t::value_type>(full.local().begin(), full.local().end());
+  const auto full = redistribute_to<replicated_layout(x_t::mesh_type::axis_count)>(t).local_to_host();
+  return std::vector<typename x_t::value_type>(full.begin(), full.end());
 }
 
 }  // namespace zest

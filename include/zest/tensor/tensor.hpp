@@ -21,6 +21,8 @@
 
 #include <Eigen/Core>
 
+#include "zest/backend/backend.hpp"
+#include "zest/backend/host/host_backend.hpp"
 #include "zest/config.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
@@ -47,9 +49,6 @@ constexpr dims_problem check_dims() {
 }
 }  // namespace detail
 
-template <class T>
-using host_vector = std::vector<T, memory::tracking_allocator<T>>;
-
 template <class T, class Mesh, fixed_string Dims, layout_value Layout>
 class basic_tensor {
   static_assert(is_element_type_v<T>,
@@ -65,6 +64,8 @@ class basic_tensor {
   using zest_tensor_tag = void;  // opts into the sharded_tensor concept
   using value_type = T;
   using mesh_type = Mesh;
+  using backend_type = backend_of<Mesh>;
+  using storage_type = typename backend_type::template buffer<T>;
   static constexpr fixed_string dims = Dims;
   static constexpr layout_value layout = Layout;
   static constexpr std::size_t rank = Dims.size();
@@ -75,7 +76,8 @@ class basic_tensor {
   // A zero tensor with the given global extents.
   basic_tensor(const Mesh& mesh, const extents_type& extents) : mesh_(&mesh), extents_(extents) {
     locate();
-    data_.assign(local_count(), T{});
+    data_ = storage_type(local_count());
+    backend_type::fill(data_.data(), data_.size(), T{});
   }
 
   // Storage of the right size, contents unspecified: for results that a kernel overwrites.
@@ -83,11 +85,11 @@ class basic_tensor {
   static constexpr uninitialized_t uninitialized{};
   basic_tensor(const Mesh& mesh, const extents_type& extents, uninitialized_t) : mesh_(&mesh), extents_(extents) {
     locate();
-    data_.resize(local_count());
+    data_ = storage_type(local_count());
   }
 
   // Takes over a local shard that the caller computed (size must match the layout).
-  basic_tensor(const Mesh& mesh, const extents_type& extents, host_vector<T>&& local)
+  basic_tensor(const Mesh& mesh, const extents_type& extents, storage_type&& local)
       : mesh_(&mesh), extents_(extents), data_(std::move(local)) {
     locate();
     if (data_.size() != local_count()) {
@@ -102,15 +104,20 @@ class basic_tensor {
   static basic_tensor generate(const Mesh& mesh, const extents_type& extents, F&& f) {
     basic_tensor t(mesh, extents);
     if (!t.holds_partial_summand()) return t;
+    host_vector<T> values(t.local_count());
     extents_type index{};
-    const std::size_t n = t.local_count();
-    for (std::size_t flat = 0; flat < n; ++flat) {
+    for (std::size_t flat = 0; flat < values.size(); ++flat) {
       std::size_t rest = flat;
       for (std::size_t i = rank; i-- > 0;) {
         index[i] = t.offsets_[i] + rest % t.local_extents_[i];
         rest /= t.local_extents_[i];
       }
-      t.data_[flat] = static_cast<T>(f(std::as_const(index)));
+      values[flat] = static_cast<T>(f(std::as_const(index)));
+    }
+    if constexpr (std::is_same_v<storage_type, host_vector<T>>) {
+      t.data_ = std::move(values);
+    } else {
+      t.data_ = backend_type::template from_host<T>(std::span<const T>(values.data(), values.size()));
     }
     return t;
   }
@@ -149,18 +156,24 @@ class basic_tensor {
 
   std::span<T> local() { return {data_.data(), data_.size()}; }
   std::span<const T> local() const { return {data_.data(), data_.size()}; }
-  host_vector<T>& storage() { return data_; }
-  const host_vector<T>& storage() const { return data_; }
+  storage_type& storage() { return data_; }
+  const storage_type& storage() const { return data_; }
+  // The local shard copied to host memory (for any backend).
+  host_vector<T> local_to_host() const {
+    host_vector<T> out(data_.size());
+    backend_type::to_host(std::span<const T>(data_.data(), data_.size()), out.data());
+    return out;
+  }
 
   // The local shard as an Eigen matrix, no copy: rows = all dims but the last, cols = last.
   auto local_matrix()
-    requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
+    requires((std::is_same_v<T, float> || std::is_same_v<T, double>) && std::is_same_v<backend_type, host_backend>)
   {
     return Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
         data_.data(), static_cast<Eigen::Index>(matrix_rows()), static_cast<Eigen::Index>(matrix_cols()));
   }
   auto local_matrix() const
-    requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
+    requires((std::is_same_v<T, float> || std::is_same_v<T, double>) && std::is_same_v<backend_type, host_backend>)
   {
     return Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
         data_.data(), static_cast<Eigen::Index>(matrix_rows()), static_cast<Eigen::Index>(matrix_cols()));
@@ -194,7 +207,7 @@ class basic_tensor {
   extents_type extents_{};
   extents_type local_extents_{};
   extents_type offsets_{};
-  host_vector<T> data_;
+  storage_type data_;
 };
 
 // The spelling users write: zest::tensor<float, mesh_t, "bsm", layout<split<'b', "dp">>>.

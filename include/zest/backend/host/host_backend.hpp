@@ -1,0 +1,55 @@
+// zest/backend/host/host_backend.hpp — shards in host memory, Eigen/BLAS kernels.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "zest/backend/backend.hpp"
+#include "zest/backend/host/contract.hpp"
+#include "zest/core/memory.hpp"
+
+namespace zest {
+
+// Host storage: counted by zest::memory, 64-byte aligned, sized without zero-filling.
+template <class T>
+using host_vector = std::vector<T, memory::tracking_allocator<T>>;
+
+struct host_backend {
+  static constexpr std::string_view name = "host";
+  template <class T>
+  using buffer = host_vector<T>;
+
+  // The data seen as [outer][D][inner]: `len` slices starting at src_off in a source with
+  // D = src_d go to dst_off.. in a destination with D = dst_d.
+  template <class T>
+  static void copy_slices(const T* src, std::size_t outer, std::size_t src_d, std::size_t src_off, T* dst,
+                          std::size_t dst_d, std::size_t dst_off, std::size_t len, std::size_t inner) {
+    const std::size_t run = len * inner;
+    if (run == 0) return;
+    for (std::size_t o = 0; o < outer; ++o) {
+      std::copy_n(src + (o * src_d + src_off) * inner, run, dst + (o * dst_d + dst_off) * inner);
+    }
+  }
+  template <class T>
+  static void fill(T* p, std::size_t n, T value) {
+    std::fill_n(p, n, value);
+  }
+  template <class T>
+  static void contract(std::span<const host::operand_view<T>> operands, std::string_view out_labels, T* out,
+                       std::span<const std::size_t> out_extents) {
+    host::contract<T>(operands, out_labels, out, out_extents);
+  }
+  template <class T>
+  static buffer<T> from_host(std::span<const T> values) {
+    return buffer<T>(values.begin(), values.end());
+  }
+  template <class T>
+  static void to_host(std::span<const T> values, T* out) {
+    std::copy(values.begin(), values.end(), out);
+  }
+};
+
+}  // namespace zest
