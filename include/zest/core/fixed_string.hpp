@@ -22,6 +22,15 @@ struct fixed_string {
   static constexpr std::size_t size() { return N - 1; }
   constexpr std::string_view view() const { return {data, N - 1}; }
   constexpr char operator[](std::size_t i) const { return data[i]; }
+  // Index of c, or npos. A plain loop: string_view::find on a template parameter object is
+  // not a constant expression for g++ 12 under -fsanitize=undefined.
+  constexpr std::size_t find(char c) const {
+    for (std::size_t i = 0; i + 1 < N; ++i) {
+      if (data[i] == c) return i;
+    }
+    return std::string_view::npos;
+  }
+  constexpr bool contains(char c) const { return find(c) != std::string_view::npos; }
 
   template <std::size_t M>
   constexpr bool operator==(const fixed_string<M>& other) const {

@@ -32,79 +32,35 @@
 namespace zest {
 
 namespace einsum_error {
-template <class>
+template <class...>
 inline constexpr bool always_false = false;
-template <fixed_string Spec>
-struct bad_spec_missing_arrow {
-  static_assert(always_false<decltype(Spec)>,
-                "zest einsum: the spec has no \"->\". Fix: name the output, e.g. einsum<\"ik,kj->ij\">.");
-};
-template <fixed_string Spec>
-struct bad_spec_character {
-  static_assert(always_false<decltype(Spec)>,
-                "zest einsum: the spec has a character that is not a dim letter (a-z, A-Z), ',' or "
-                "\"->\". Fix: one letter per dim, e.g. \"bsm,mh->bsh\".");
-};
-template <fixed_string Spec>
-struct bad_spec_repeated_letter {
-  static_assert(always_false<decltype(Spec)>,
-                "zest einsum: a letter repeats within one term of the spec; a tensor has each dim "
-                "once. Fix: give the dims distinct letters (traces are not supported).");
-};
-template <fixed_string Spec>
-struct bad_spec_unknown_output_letter {
-  static_assert(always_false<decltype(Spec)>,
-                "zest einsum: an output letter appears in no operand. Fix: every output dim must "
-                "come from an operand.");
-};
-template <fixed_string Spec>
-struct bad_spec_size {
-  static_assert(always_false<decltype(Spec)>,
-                "zest einsum: the spec has no operand, or more operands or dims than "
-                "zest::max_operands / zest::max_dims allow.");
-};
-template <fixed_string Spec, std::size_t SpecOperands, std::size_t Given>
-struct operand_count_mismatch {
-  static_assert(always_false<decltype(Spec)>,
-                "zest einsum: the spec names a different number of operands than were passed "
-                "(both counts are shown above). Fix: pass one tensor per term before \"->\".");
-};
-template <fixed_string Spec, std::size_t Operand, fixed_string TensorDims>
+// Instantiated with the operand's index and dims, so that both show on the line above the
+// message.
+template <fixed_string Spec, std::size_t Operand, fixed_string OperandDims>
 struct operand_dims_mismatch {
   static_assert(always_false<decltype(Spec)>,
                 "zest einsum: an operand's dims differ from its term in the spec (operand index "
                 "and its dims are shown above). Fix: write the term with the tensor's dims in "
                 "their stored order.");
 };
-template <class Mesh0, class MeshI>
+template <class FirstOperand, std::size_t Operand, class OtherOperand>
 struct mesh_mismatch {
-  static_assert(always_false<Mesh0>,
-                "zest einsum: operands live on different mesh types. Fix: build them on one mesh.");
+  static_assert(always_false<FirstOperand>,
+                "zest einsum: operands live on different mesh types (shown above). Fix: build them "
+                "on one mesh.");
 };
-template <class T0, class TI>
+template <class FirstType, std::size_t Operand, class OtherType>
 struct element_type_mismatch {
-  static_assert(always_false<T0>,
-                "zest einsum: operands have different element types. Fix: convert one first.");
+  static_assert(always_false<FirstType>,
+                "zest einsum: operands have different element types (shown above). Fix: convert one "
+                "first.");
 };
 template <fixed_string Spec, class Mesh, std::size_t Axis>
 struct partial_twice {
   static_assert(always_false<decltype(Spec)>,
-                "zest einsum: two operands are partial sums over the same mesh axis; the product "
-                "of sums is not the sum of products. Fix: reduce one first, e.g. "
-                "redistribute<layout<...>>(t) to replicate or split on that axis.");
-};
-template <class Policy>
-struct communication_forbidden {
-  static_assert(always_false<Policy>,
-                "zest einsum: this einsum needs a collective before its contraction, but the policy "
-                "no_communication forbids it. Fix: redistribute the operands first (explain<spec>(...) "
-                "shows which), or choose another policy.");
-};
-template <class Option>
-struct unknown_option {
-  static_assert(always_false<Option>,
-                "zest einsum: an option is neither a policy (gather_weights, keep_weights, "
-                "no_communication<>) nor an output layout zest::layout<...>.");
+                "zest einsum: two operands are partial sums over the same mesh axis (its index is "
+                "shown above); the product of sums is not the sum of products. Fix: reduce one "
+                "first, e.g. redistribute<layout<...>>(t) to replicate or split on that axis.");
 };
 }  // namespace einsum_error
 
@@ -133,49 +89,71 @@ struct einsum_options {
 template <fixed_string Spec>
 inline constexpr einsum_spec parsed_spec = parse_einsum(Spec.view());
 
-template <fixed_string Spec>
-constexpr bool diagnose_spec() {
-  constexpr einsum_spec s = parsed_spec<Spec>;
-  using enum spec_problem;
-  if constexpr (s.problem == missing_arrow) {
-    (void)einsum_error::bad_spec_missing_arrow<Spec>{};
-  } else if constexpr (s.problem == bad_character) {
-    (void)einsum_error::bad_spec_character<Spec>{};
-  } else if constexpr (s.problem == repeated_in_term) {
-    (void)einsum_error::bad_spec_repeated_letter<Spec>{};
-  } else if constexpr (s.problem == output_letter_not_in_operands) {
-    (void)einsum_error::bad_spec_unknown_output_letter<Spec>{};
-  } else if constexpr (s.problem != none) {
-    (void)einsum_error::bad_spec_size<Spec>{};
-  }
-  return s.ok();
-}
+enum class einsum_input_problem : std::uint8_t {
+  none,
+  unknown_option,
+  spec_missing_arrow,
+  spec_bad_character,
+  spec_repeated_letter,
+  spec_output_letter,
+  spec_size,
+  operand_count,
+  too_many_operands,
+  mesh_mismatch,
+  element_type_mismatch,
+  dims_mismatch,
+};
 
-template <fixed_string Spec, std::size_t I, class X>
-constexpr bool diagnose_operand() {
-  constexpr einsum_spec s = parsed_spec<Spec>;
-  if constexpr (s.inputs[I].view() != X::dims.view()) {
-    (void)einsum_error::operand_dims_mismatch<Spec, I, X::dims>{};
-    return false;
+struct einsum_input_check {
+  einsum_input_problem problem = einsum_input_problem::none;
+  std::size_t operand = 0;
+};
+
+template <std::size_t N>
+constexpr bool same_letters(const einsum_term& t, const fixed_string<N>& dims) {
+  if (t.size != dims.size()) return false;
+  for (std::size_t i = 0; i < t.size; ++i) {
+    if (t.letters[i] != dims[i]) return false;
   }
   return true;
 }
 
-template <fixed_string Spec, class X0, class... X>
-constexpr bool diagnose_operands() {
+// Everything wrong with einsum<Spec, O1, O2>(X...) that the types show, as data: plain
+// constexpr code, so that a diagnostic is one short instantiation away from the user's line.
+template <fixed_string Spec, class O1, class O2, class... X>
+constexpr einsum_input_check check_einsum_input() {
+  using enum einsum_input_problem;
+  using options = einsum_options<O1, O2>;
+  if (!options::ok) return {unknown_option, 0};
   constexpr einsum_spec s = parsed_spec<Spec>;
-  constexpr std::size_t given = 1 + sizeof...(X);
-  if constexpr (s.operand_count != given) {
-    (void)einsum_error::operand_count_mismatch<Spec, s.operand_count, given>{};
-    return false;
-  } else if constexpr (!(std::is_same_v<typename X0::mesh_type, typename X::mesh_type> && ...)) {
-    (void)einsum_error::mesh_mismatch<typename X0::mesh_type, void>{};
-    return false;
-  } else {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return (diagnose_operand<Spec, I, std::tuple_element_t<I, std::tuple<X0, X...>>>() && ...);
-    }(std::make_index_sequence<given>{});
+  switch (s.problem) {
+    case spec_problem::none: break;
+    case spec_problem::missing_arrow: return {spec_missing_arrow, 0};
+    case spec_problem::bad_character: return {spec_bad_character, 0};
+    case spec_problem::repeated_in_term: return {spec_repeated_letter, 0};
+    case spec_problem::output_letter_not_in_operands: return {spec_output_letter, 0};
+    default: return {spec_size, 0};
   }
+  if (s.operand_count != sizeof...(X)) return {operand_count, 0};
+  if (sizeof...(X) > 2) return {too_many_operands, 0};
+  using first = std::tuple_element_t<0, std::tuple<X...>>;
+  constexpr std::array<bool, sizeof...(X)> same_mesh{
+      std::is_same_v<typename first::mesh_type, typename X::mesh_type>...};
+  constexpr std::array<bool, sizeof...(X)> same_type{
+      std::is_same_v<typename first::value_type, typename X::value_type>...};
+  for (std::size_t i = 0; i < sizeof...(X); ++i) {
+    if (!same_mesh[i]) return {mesh_mismatch, i};
+  }
+  for (std::size_t i = 0; i < sizeof...(X); ++i) {
+    if (!same_type[i]) return {element_type_mismatch, i};
+  }
+  std::array<bool, sizeof...(X)> matches{};
+  std::size_t k = 0;
+  ((matches[k] = same_letters(s.inputs[k], X::dims), ++k), ...);
+  for (std::size_t i = 0; i < sizeof...(X); ++i) {
+    if (!matches[i]) return {dims_mismatch, i};
+  }
+  return {none, 0};
 }
 
 template <fixed_string Spec, std::size_t N>
@@ -186,7 +164,8 @@ constexpr auto output_dims() {
   return out;
 }
 
-// Everything einsum<Spec, O1, O2>(X...) decides at compile time.
+// Everything einsum<Spec, O1, O2>(X...) decides at compile time. Only instantiated for
+// inputs that check_einsum_input accepts.
 template <fixed_string Spec, class O1, class O2, class... X>
 struct einsum_traits {
   using options = einsum_options<O1, O2>;
@@ -195,59 +174,89 @@ struct einsum_traits {
   using value_type = typename first::value_type;
   static constexpr einsum_spec spec = parsed_spec<Spec>;
 
-  static constexpr bool valid_input = [] {
-    if constexpr (!options::ok) {
-      (void)einsum_error::unknown_option<std::conditional_t<options::template known<O1>, O2, O1>>{};
-      return false;
-    } else if constexpr (!diagnose_spec<Spec>()) {
-      return false;
-    } else if constexpr (!diagnose_operands<Spec, X...>()) {
-      return false;
-    } else if constexpr (!(std::is_same_v<value_type, typename X::value_type> && ...)) {
-      (void)einsum_error::element_type_mismatch<value_type, void>{};
-      return false;
-    } else {
-      return true;
-    }
-  }();
-
   static constexpr einsum_plan compute_plan() {
-    if constexpr (!valid_input) {
-      return einsum_plan{};
+    std::array<layout_value, max_operands> in{};
+    std::size_t i = 0;
+    ((in[i++] = X::layout), ...);
+    using forced_t = typename options::forced_layout;
+    if constexpr (std::is_void_v<forced_t>) {
+      return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)));
     } else {
-      std::array<layout_value, max_operands> in{};
-      std::size_t i = 0;
-      ((in[i++] = X::layout), ...);
-      using forced_t = typename options::forced_layout;
-      if constexpr (std::is_void_v<forced_t>) {
-        return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)));
-      } else {
-        constexpr layout_value forced =
-            layout_value_of<mesh_type, output_dims<Spec, parsed_spec<Spec>.output.size>(), forced_t>;
-        return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)), &forced);
-      }
+      constexpr layout_value forced = layout_value_of<mesh_type, output_dims<Spec, spec.output.size>(), forced_t>;
+      return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)), &forced);
     }
   }
   static constexpr einsum_plan plan = compute_plan();
-
-  static constexpr bool valid = [] {
-    if constexpr (!valid_input) {
-      return false;
-    } else if constexpr (plan.problem == einsum_problem::partial_twice) {
-      (void)einsum_error::partial_twice<Spec, mesh_type, plan.problem_axis>{};
-      return false;
-    } else if constexpr (!options::policy::allows_communication && plan.input_collectives() != 0) {
-      (void)einsum_error::communication_forbidden<typename options::policy>{};
-      return false;
-    } else {
-      return true;
-    }
-  }();
 
   static constexpr fixed_string out_dims = output_dims<Spec, spec.output.size>();
   using contraction_type = basic_tensor<value_type, mesh_type, out_dims, plan.contraction_output>;
   using result_type = basic_tensor<value_type, mesh_type, out_dims, plan.result>;
 };
+
+// Checks einsum<Spec, O1, O2>(X...) and, on a problem, fails with the one static_assert that
+// explains it. The instantiation line above the message shows Spec, the options and X.
+template <fixed_string Spec, class O1, class O2, class... X>
+constexpr bool einsum_valid() {
+  constexpr einsum_input_check in = check_einsum_input<Spec, O1, O2, X...>();
+  using enum einsum_input_problem;
+  using operand = std::tuple_element_t<in.operand, std::tuple<X...>>;
+  using first = std::tuple_element_t<0, std::tuple<X...>>;
+  if constexpr (in.problem == unknown_option) {
+    static_assert(einsum_error::always_false<O1, O2>,
+                  "zest einsum: an option is neither a policy (gather_weights, keep_weights, "
+                  "no_communication<>) nor an output layout zest::layout<...>.");
+  } else if constexpr (in.problem == spec_missing_arrow) {
+    static_assert(einsum_error::always_false<O1, O2>,
+                  "zest einsum: the spec has no \"->\". Fix: name the output, e.g. einsum<\"ik,kj->ij\">.");
+  } else if constexpr (in.problem == spec_bad_character) {
+    static_assert(einsum_error::always_false<O1, O2>,
+                  "zest einsum: the spec has a character that is not a dim letter (a-z, A-Z), ',' or "
+                  "\"->\". Fix: one letter per dim, e.g. \"bsm,mh->bsh\".");
+  } else if constexpr (in.problem == spec_repeated_letter) {
+    static_assert(einsum_error::always_false<O1, O2>,
+                  "zest einsum: a letter repeats within one term of the spec; a tensor has each dim "
+                  "once. Fix: give the dims distinct letters (traces are not supported).");
+  } else if constexpr (in.problem == spec_output_letter) {
+    static_assert(einsum_error::always_false<O1, O2>,
+                  "zest einsum: an output letter appears in no operand. Fix: every output dim must "
+                  "come from an operand.");
+  } else if constexpr (in.problem == spec_size) {
+    static_assert(einsum_error::always_false<O1, O2>,
+                  "zest einsum: the spec has no operand, or more operands or dims than "
+                  "zest::max_operands / zest::max_dims allow.");
+  } else if constexpr (in.problem == operand_count) {
+    static_assert(einsum_error::always_false<O1, O2>,
+                  "zest einsum: the spec names a different number of operands than were passed. "
+                  "Fix: pass one tensor per term before \"->\".");
+  } else if constexpr (in.problem == too_many_operands) {
+    static_assert(einsum_error::always_false<O1, O2>,
+                  "zest einsum: an einsum takes one or two operands. Fix: split it into a chain of "
+                  "two-operand einsums (which also makes each step's collectives explicit).");
+  } else if constexpr (in.problem == mesh_mismatch) {
+    (void)einsum_error::mesh_mismatch<typename first::mesh_type, in.operand, typename operand::mesh_type>{};
+  } else if constexpr (in.problem == element_type_mismatch) {
+    (void)einsum_error::element_type_mismatch<typename first::value_type, in.operand,
+                                              typename operand::value_type>{};
+  } else if constexpr (in.problem == dims_mismatch) {
+    (void)einsum_error::operand_dims_mismatch<Spec, in.operand, operand::dims>{};
+  } else {
+    using traits = einsum_traits<Spec, O1, O2, X...>;
+    constexpr einsum_plan plan = traits::plan;
+    if constexpr (plan.problem == einsum_problem::partial_twice) {
+      (void)einsum_error::partial_twice<Spec, typename traits::mesh_type, plan.problem_axis>{};
+      return false;
+    } else if constexpr (!traits::options::policy::allows_communication && plan.input_collectives() != 0) {
+      static_assert(einsum_error::always_false<O1, O2>,
+                    "zest einsum: this einsum needs a collective before its contraction, but the "
+                    "policy no_communication forbids it. Fix: redistribute the operands first "
+                    "(explain<spec>(...) shows which), or choose another policy.");
+      return false;
+    } else {
+      return true;
+    }
+  }
+  return false;
+}
 
 // The operand as the plan needs it: the tensor itself when its layout already fits.
 template <layout_value L, class X>
@@ -294,10 +303,10 @@ inline constexpr einsum_plan einsum_plan_of = detail::einsum_traits<Spec, O1, O2
 template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor... X>
 auto einsum(const X&... xs) {
   static_assert(sizeof...(X) > 0, "zest einsum: pass at least one tensor");
-  using traits = detail::einsum_traits<Spec, O1, O2, X...>;
-  if constexpr (!traits::valid) {
+  if constexpr (!detail::einsum_valid<Spec, O1, O2, X...>()) {
     return 0;  // the diagnostic above is the error; nothing useful to return
   } else {
+    using traits = detail::einsum_traits<Spec, O1, O2, X...>;
     using value_type = typename traits::value_type;
     using contraction_t = typename traits::contraction_type;
     detail::check_extents<Spec>(xs...);

@@ -217,7 +217,7 @@ constexpr bool add_placement(layout_check& c, std::array<bool, max_axes>& used) 
       c.problem = layout_problem::split_without_axis;
       return false;
     } else {
-      if (Dims.view().find(P::dim) == std::string_view::npos) {
+      if (Dims.find(P::dim) == std::string_view::npos) {
         c.problem = layout_problem::unknown_dim;
         return false;
       }
@@ -271,47 +271,45 @@ struct layout_parts<layout<P...>> {
 };
 
 template <class Mesh, fixed_string Dims, class L>
-struct layout_of {
+constexpr layout_check check_layout_type() {
   using parts = layout_parts<L>;
-  static constexpr layout_check check = [] {
-    if constexpr (parts::is_layout) {
-      return parts::template check<Mesh, Dims>();
-    } else {
-      layout_check c;
-      c.problem = layout_problem::not_a_layout;
-      return c;
-    }
-  }();
-  using culprit = std::tuple_element_t<check.index, typename parts::list>;
-
-  static constexpr bool diagnose() {
-    using enum layout_problem;
-    if constexpr (check.problem == not_a_layout) {
-      (void)layout_error::not_a_layout<L>{};
-    } else if constexpr (check.problem == unknown_axis) {
-      (void)layout_error::unknown_mesh_axis<culprit, Mesh>{};
-    } else if constexpr (check.problem == axis_used_twice) {
-      (void)layout_error::mesh_axis_used_twice<culprit, Mesh>{};
-    } else if constexpr (check.problem == unknown_dim) {
-      (void)layout_error::unknown_tensor_dim<culprit, Dims>{};
-    } else if constexpr (check.problem == dim_split_twice) {
-      (void)layout_error::dim_split_twice<culprit, Dims>{};
-    } else if constexpr (check.problem == split_without_axis) {
-      (void)layout_error::split_without_axis<culprit>{};
-    } else if constexpr (check.problem == not_a_placement) {
-      (void)layout_error::not_a_placement<culprit>{};
-    }
-    return check.problem == none;
+  if constexpr (parts::is_layout) {
+    return parts::template check<Mesh, Dims>();
+  } else {
+    layout_check c;
+    c.problem = layout_problem::not_a_layout;
+    return c;
   }
-  static constexpr bool ok = diagnose();
-  // Reading `ok` here makes every use of the value run the diagnostics first.
-  static constexpr layout_value value = ok ? check.value : check.value;
-};
+}
+
+// The normalised layout; on a problem, instantiates the one diagnostic that explains it.
+template <class Mesh, fixed_string Dims, class L>
+constexpr layout_value normalise_layout() {
+  constexpr layout_check check = check_layout_type<Mesh, Dims, L>();
+  using culprit = std::tuple_element_t<check.index, typename layout_parts<L>::list>;
+  using enum layout_problem;
+  if constexpr (check.problem == not_a_layout) {
+    (void)layout_error::not_a_layout<L>{};
+  } else if constexpr (check.problem == unknown_axis) {
+    (void)layout_error::unknown_mesh_axis<culprit, Mesh>{};
+  } else if constexpr (check.problem == axis_used_twice) {
+    (void)layout_error::mesh_axis_used_twice<culprit, Mesh>{};
+  } else if constexpr (check.problem == unknown_dim) {
+    (void)layout_error::unknown_tensor_dim<culprit, Dims>{};
+  } else if constexpr (check.problem == dim_split_twice) {
+    (void)layout_error::dim_split_twice<culprit, Dims>{};
+  } else if constexpr (check.problem == split_without_axis) {
+    (void)layout_error::split_without_axis<culprit>{};
+  } else if constexpr (check.problem == not_a_placement) {
+    (void)layout_error::not_a_placement<culprit>{};
+  }
+  return check.value;
+}
 
 }  // namespace detail
 
 // The normalised value of layout L for a tensor with dims Dims on mesh type Mesh.
 template <class Mesh, fixed_string Dims, class L>
-inline constexpr layout_value layout_value_of = detail::layout_of<Mesh, Dims, L>::value;
+inline constexpr layout_value layout_value_of = detail::normalise_layout<Mesh, Dims, L>();
 
 }  // namespace zest

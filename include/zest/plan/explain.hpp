@@ -146,7 +146,7 @@ std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const 
     case step_kind::all_reduce: elements = 2 * (mine - balanced_block(mine, n, me).size); break;
     case step_kind::all_to_all: {
       // I keep the part of my block that stays mine; the rest leaves.
-      const std::size_t j = Dims.view().find(s.to_dim);
+      const std::size_t j = Dims.find(s.to_dim);
       const std::size_t to_extent = dim_range(v, s.to_dim, global[j], mesh.sizes(), coords).size;
       const std::size_t kept = to_extent == 0 ? 0 : mine / to_extent * balanced_block(to_extent, n, me).size;
       elements = mine - kept;
@@ -210,8 +210,8 @@ plan_report explain(const X& x) {
 // The plan of einsum<Spec, O1, O2>(xs...), without running it.
 template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor... X>
 plan_report explain(const X&... xs) {
+  static_assert(detail::einsum_valid<Spec, O1, O2, X...>(), "zest explain: see the einsum error above");
   using traits = detail::einsum_traits<Spec, O1, O2, X...>;
-  static_assert(traits::valid, "zest explain: the einsum above does not compile (see the first error)");
   static constexpr const einsum_plan& plan = traits::plan;
   using value_type = typename traits::value_type;
   detail::check_extents<Spec>(xs...);

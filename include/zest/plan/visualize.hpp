@@ -3,8 +3,8 @@
 //   std::cout << zest::visualize(w);     // w: "mh" [8x6] split(m:dp) on mesh<dp=2, tp=2>
 //   "mh" [8x6] split(m:dp) on mesh<dp=2, tp=2>
 //              h 0..5
-//   m 0..3   | 0,1
-//   m 4..7   | 2,3
+//   m 0..3 | 0,1
+//   m 4..7 | 2,3
 //
 // Each cell is a block of the global tensor; it lists the ranks (row-major mesh order) that
 // hold it. On a partial axis every rank holds a summand of the same block, noted below.
@@ -65,7 +65,10 @@ std::string visualize(const X& x) {
       for (const auto& b : blocks) {
         const bool has_row = b.rows.offset <= rc[i] && rc[i] < b.rows.offset + b.rows.size;
         const bool has_col = b.cols.offset <= cc[j] && cc[j] < b.cols.offset + b.cols.size;
-        if (has_row && has_col) who += (who.empty() ? "" : ",") + std::to_string(b.rank);
+        if (has_row && has_col) {
+          if (!who.empty()) who += ',';
+          who += std::to_string(b.rank);
+        }
       }
       cells.back().push_back(who.empty() ? "-" : who);
     }
@@ -87,6 +90,11 @@ std::string visualize(const X& x) {
     for (const auto& c : cells[i]) out << pad(c, cell_w + 2);
     out << '\n';
   }
+  std::string empty;
+  for (const auto& b : blocks) {
+    if (b.rows.size == 0 || b.cols.size == 0) empty += (empty.empty() ? "" : ",") + std::to_string(b.rank);
+  }
+  if (!empty.empty()) out << "(ranks " << empty << " hold an empty block)\n";
   for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
     if (X::layout.is_partial(a)) {
       out << "(partial over " << mesh_t::axis_names[a] << ": the ranks listed hold summands of each block)\n";

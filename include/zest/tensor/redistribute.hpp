@@ -82,7 +82,7 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, co
   auto& comm = mesh.axis(s.axis);
   const auto n = static_cast<std::size_t>(mesh.size(s.axis));
   const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
-  const auto dim_of = [](char c) { return Dims.view().find(c); };
+  const auto dim_of = [](char c) { return Dims.find(c); };
   auto coords = mesh.coords();
 
   switch (s.kind) {

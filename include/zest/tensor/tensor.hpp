@@ -38,12 +38,11 @@ enum class dims_problem : std::uint8_t { none, too_many, bad_letter, repeated };
 
 template <fixed_string Dims>
 constexpr dims_problem check_dims() {
-  const std::string_view d = Dims.view();
-  if (d.size() > max_dims) return dims_problem::too_many;
-  for (std::size_t i = 0; i < d.size(); ++i) {
-    const char c = d[i];
+  if (Dims.size() > max_dims) return dims_problem::too_many;
+  for (std::size_t i = 0; i < Dims.size(); ++i) {
+    const char c = Dims[i];
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return dims_problem::bad_letter;
-    if (d.substr(0, i).find(c) != std::string_view::npos) return dims_problem::repeated;
+    if (Dims.find(c) != i) return dims_problem::repeated;
   }
   return dims_problem::none;
 }
@@ -71,7 +70,7 @@ class basic_tensor {
   static constexpr std::size_t rank = Dims.size();
   using extents_type = std::array<std::size_t, rank>;
 
-  static constexpr std::size_t dim_index(char d) { return Dims.view().find(d); }
+  static constexpr std::size_t dim_index(char d) { return Dims.find(d); }
 
   // A zero tensor with the given global extents.
   basic_tensor(const Mesh& mesh, const extents_type& extents) : mesh_(&mesh), extents_(extents) {

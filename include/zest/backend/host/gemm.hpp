@@ -26,9 +26,7 @@
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
 
-#if ZEST_HAS_BLAS
-#include <cblas.h>
-#endif
+#include "zest/backend/host/blas.hpp"
 #if __has_include(<Eigen/Core>)
 #include <Eigen/Core>
 #define ZEST_HOST_GEMM_HAS_EIGEN 1
@@ -103,37 +101,37 @@ void gemm_one(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::siz
     return;
   }
 #if ZEST_HAS_BLAS
-  const auto bi = [](std::size_t x) { return static_cast<blasint>(x); };
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
-  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  const auto bi = [](std::size_t x) { return static_cast<int>(x); };
+  const int ta = trans_a ? blas::trans : blas::no_trans;
+  const int tb = trans_b ? blas::trans : blas::no_trans;
   // A product with one output row or column is a matrix-vector product; GEMV streams the
   // matrix once where GEMM would pack it first (about twice as fast for "ij,j->i").
   if (n == 1 || m == 1) {
-    const auto gemv = [](CBLAS_TRANSPOSE t, std::size_t rows, std::size_t cols, T alpha_,
+    const auto gemv = [](int t, std::size_t rows, std::size_t cols, T alpha_,
                          const T* mat, std::size_t ld, const T* x, std::size_t incx, T beta_,
                          T* y, std::size_t incy) {
-      const auto i = [](std::size_t v) { return static_cast<blasint>(v); };
+      const auto i = [](std::size_t v) { return static_cast<int>(v); };
       if constexpr (std::is_same_v<T, float>) {
-        cblas_sgemv(CblasRowMajor, t, i(rows), i(cols), alpha_, mat, i(ld), x, i(incx), beta_, y,
+        blas::sgemv(blas::row_major, t, i(rows), i(cols), alpha_, mat, i(ld), x, i(incx), beta_, y,
                     i(incy));
       } else {
-        cblas_dgemv(CblasRowMajor, t, i(rows), i(cols), alpha_, mat, i(ld), x, i(incx), beta_, y,
+        blas::dgemv(blas::row_major, t, i(rows), i(cols), alpha_, mat, i(ld), x, i(incx), beta_, y,
                     i(incy));
       }
     };
     if (n == 1) {  // c[i * ldc] = sum_p op(A)[i, p] * op(B)[p, 0]
       gemv(ta, trans_a ? k : m, trans_a ? m : k, alpha, a, lda, b, trans_b ? 1 : ldb, beta, c, ldc);
     } else {  // c[j] = sum_p op(A)[0, p] * op(B)[p, j], i.e. op(B)^T times a row
-      gemv(trans_b ? CblasNoTrans : CblasTrans, trans_b ? n : k, trans_b ? k : n, alpha, b, ldb, a,
+      gemv(trans_b ? blas::no_trans : blas::trans, trans_b ? n : k, trans_b ? k : n, alpha, b, ldb, a,
            trans_a ? lda : 1, beta, c, 1);
     }
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, bi(m), bi(n), bi(k), alpha, a, bi(lda), b, bi(ldb), beta,
+    blas::sgemm(blas::row_major, ta, tb, bi(m), bi(n), bi(k), alpha, a, bi(lda), b, bi(ldb), beta,
                 c, bi(ldc));
   } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, bi(m), bi(n), bi(k), alpha, a, bi(lda), b, bi(ldb), beta,
+    blas::dgemm(blas::row_major, ta, tb, bi(m), bi(n), bi(k), alpha, a, bi(lda), b, bi(ldb), beta,
                 c, bi(ldc));
   }
 #elif ZEST_HOST_GEMM_HAS_EIGEN

@@ -1,0 +1,110 @@
+# zest_testing.cmake — zest_add_test() and the pieces every test shares.
+#
+#   zest_add_test(<name> SOURCES <files...>
+#                 [MPI] [NPROCS <n...>] [LABELS <labels...>]
+#                 [LINK_LIBRARIES <targets...>] [ARGS <args...>] [TIMEOUT <seconds>])
+#
+# A plain test is one doctest executable, registered as the CTest test <name>; its main()
+# is tests/support/doctest_main.cpp. An MPI test's main() is tests/support/mpi_main.cpp
+# (doctest on every rank, checked mode on, exit code = max over ranks); it is registered
+# once per process count, as <name>_np<N> (N in NPROCS, default 1 2 4), labelled `mpi`.
+# Sources include shared helpers relative to tests/: "support/mpi_test.hpp".
+#
+#   zest_add_test(host_contract SOURCES contract_test.cpp)
+#   zest_add_test(collectives SOURCES collectives_test.cpp MPI)            # np1, np2, np4
+#   zest_add_test(mesh_2x2 SOURCES mesh_test.cpp MPI NPROCS 4 LABELS mesh)
+include_guard(GLOBAL)
+
+include(zest_warnings)
+
+set(ZEST_TEST_TIMEOUT 300 CACHE STRING "Default CTest timeout of a zest test, in seconds")
+option(ZEST_TEST_MPI_POLITE_WAIT
+       "Make blocking MPI calls in MPI tests yield the CPU while they wait (see tests/support/mpi_polite_wait.cpp)"
+       ON)
+
+# Every test runs single-threaded BLAS: several ranks share few cores, and OpenBLAS's
+# threads spin while they wait, just like MPI's progress loop.
+set(ZEST_TEST_ENVIRONMENT OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1)
+
+# The two main()s, compiled once and linked into every test (object libraries).
+function(zest_testing_setup)
+  if(TARGET zest_test_doctest_main)
+    return()
+  endif()
+  set(support "${PROJECT_SOURCE_DIR}/tests/support")
+  add_library(zest_test_doctest_main OBJECT "${support}/doctest_main.cpp")
+  target_link_libraries(zest_test_doctest_main PUBLIC doctest::doctest)
+  zest_enable_warnings(zest_test_doctest_main)
+
+  add_library(zest_test_mpi_main OBJECT "${support}/mpi_main.cpp")
+  if(ZEST_TEST_MPI_POLITE_WAIT)
+    target_sources(zest_test_mpi_main PRIVATE "${support}/mpi_polite_wait.cpp")
+  endif()
+  target_include_directories(zest_test_mpi_main PUBLIC "${PROJECT_SOURCE_DIR}/tests")
+  target_link_libraries(zest_test_mpi_main PUBLIC zest::zest doctest::doctest)
+  zest_enable_warnings(zest_test_mpi_main)
+
+  # What a program linking zest::zest is compiled with (transitively: Eigen, MPI, BLAS),
+  # for the tests that run a compiler themselves (compile_fail, cuda).
+  set(usage_flags "${PROJECT_BINARY_DIR}/tests/zest_usage_flags.cmake")
+  file(GENERATE OUTPUT "${usage_flags}" CONTENT
+"set(ZEST_USAGE_INCLUDES [==[$<TARGET_PROPERTY:zest,INTERFACE_INCLUDE_DIRECTORIES>]==])
+set(ZEST_USAGE_DEFINITIONS [==[$<TARGET_PROPERTY:zest,INTERFACE_COMPILE_DEFINITIONS>]==])
+set(ZEST_USAGE_OPTIONS [==[$<TARGET_PROPERTY:zest,INTERFACE_COMPILE_OPTIONS>]==])
+")
+  set(ZEST_TEST_USAGE_FLAGS "${usage_flags}" PARENT_SCOPE)
+endfunction()
+
+function(zest_add_test name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "MPI" "TIMEOUT" "SOURCES;NPROCS;LABELS;LINK_LIBRARIES;ARGS")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "zest_add_test(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT arg_SOURCES)
+    message(FATAL_ERROR "zest_add_test(${name}): SOURCES is required")
+  endif()
+  if(arg_NPROCS AND NOT arg_MPI)
+    message(FATAL_ERROR "zest_add_test(${name}): NPROCS needs MPI")
+  endif()
+  set(target "zest_test_${name}")
+  if(TARGET "${target}")
+    message(FATAL_ERROR "zest_add_test(${name}): a test of that name exists already")
+  endif()
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT ${ZEST_TEST_TIMEOUT})
+  endif()
+
+  add_executable(${target} ${arg_SOURCES})
+  set_target_properties(${target} PROPERTIES OUTPUT_NAME "${name}")
+  # Tests include their helpers from the tests/ root: "support/fixtures.hpp".
+  target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  target_link_libraries(${target} PRIVATE zest::zest doctest::doctest ${arg_LINK_LIBRARIES})
+  zest_enable_warnings(${target})
+
+  if(NOT arg_MPI)
+    target_link_libraries(${target} PRIVATE zest_test_doctest_main)
+    add_test(NAME "${name}" COMMAND ${target} ${arg_ARGS})
+    set_tests_properties("${name}" PROPERTIES
+      LABELS "${arg_LABELS}"
+      TIMEOUT ${arg_TIMEOUT}
+      ENVIRONMENT "${ZEST_TEST_ENVIRONMENT}")
+    return()
+  endif()
+
+  target_link_libraries(${target} PRIVATE zest_test_mpi_main)
+  if(NOT arg_NPROCS)
+    set(arg_NPROCS 1 2 4)
+  endif()
+  foreach(n IN LISTS arg_NPROCS)
+    add_test(NAME "${name}_np${n}"
+      COMMAND "${MPIEXEC_EXECUTABLE}" ${MPIEXEC_NUMPROC_FLAG} ${n} ${MPIEXEC_PREFLAGS}
+              "$<TARGET_FILE:${target}>" ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
+    # PROCESSORS: ctest -jN never runs more ranks than N at once (a 4-rank test with -j2
+    # runs alone). The TIMEOUT is the last resort behind checked mode's watchdog.
+    set_tests_properties("${name}_np${n}" PROPERTIES
+      LABELS "mpi;${arg_LABELS}"
+      PROCESSORS ${n}
+      TIMEOUT ${arg_TIMEOUT}
+      ENVIRONMENT "${ZEST_TEST_ENVIRONMENT}")
+  endforeach()
+endfunction()

@@ -1,0 +1,18 @@
+# zest_warnings.cmake — warning flags for zest's own targets (tests, examples, benches).
+#
+# The library target itself carries no warning flags: consumers choose their own. Our own
+# programs compile zest's headers with -Wall -Wextra -Wpedantic, and with -Werror when
+# ZEST_WARNINGS_AS_ERRORS is ON (the `ci` preset). Eigen, MPI and doctest come in through
+# imported targets, whose include directories are SYSTEM, so their warnings stay quiet.
+include_guard(GLOBAL)
+
+function(zest_enable_warnings target)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic)
+    if(ZEST_WARNINGS_AS_ERRORS)
+      target_compile_options(${target} PRIVATE -Werror)
+    endif()
+  elseif(MSVC)
+    target_compile_options(${target} PRIVATE /W4 $<$<BOOL:${ZEST_WARNINGS_AS_ERRORS}>:/WX>)
+  endif()
+endfunction()
