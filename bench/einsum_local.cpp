@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include <cblas.h>  // the reference; zest itself does not include it
+
 #include "zest/backend/host/contract.hpp"
 
 #if !ZEST_HAS_BLAS

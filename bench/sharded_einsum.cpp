@@ -17,6 +17,7 @@
 // Rank 0 also prints where zest's time goes: its gather (redistribute of w to replicate)
 // against MPI_Allgather, its local contraction (host::contract on the same shards) against
 // sgemm, and the allocation of the zero-filled output tensor.
+#include <cblas.h>  // the reference; zest itself does not include it
 #include <mpi.h>
 
 #include <algorithm>
