@@ -43,3 +43,7 @@
 
 #include "zest/plan/explain.hpp"
 #include "zest/plan/visualize.hpp"
+
+#include "zest/mesh/mesh_shape.hpp"
+#include "zest/zero/planner.hpp"
+#include "zest/zero/stage.hpp"

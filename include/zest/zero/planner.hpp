@@ -1,0 +1,393 @@
+// zest/zero/planner.hpp — per-rank model-state memory and communication per step under a
+// ZeRO stage, derived from the stage's layouts (zest/zero/stage.hpp).
+//
+//   zest::mesh_shape<"dp"> mesh({64});                         // no MPI, any size
+//   auto p = zest::plan_zero<zest::zero_stage<2>>(zest::flat_model(7'500'000'000), mesh);
+//   p.memory.total()  == 16'640'625'000   // 2Psi + (2+K)Psi/N_d bytes, K = 12
+//   p.elements_sent() == 2 * 7.5e9 * 63 / 64
+//
+// Nothing here is a ZeRO formula. Memory is, per parameter, the elements this rank holds
+// under each model state's layout (balanced blocks) times that state's element size.
+// Communication is, per parameter and phase, the steps of plan_transition(from, to) priced
+// by the same ring model as explain() and the communicators' counters (detail::step_bytes),
+// so a training run can compare its counters with this plan exactly. The closed forms of
+// DESIGN.md's table are in zero_formula() only to check the derivation against them.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "zest/comm/communicator.hpp"
+#include "zest/config.hpp"
+#include "zest/core/error.hpp"
+#include "zest/core/fixed_string.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/layout/shard.hpp"
+#include "zest/layout/transition.hpp"
+#include "zest/mesh/mesh_shape.hpp"
+#include "zest/plan/explain.hpp"  // detail::step_bytes, detail::after_step, detail::local_elements
+#include "zest/zero/stage.hpp"
+
+namespace zest {
+
+// ---------------------------------------------------------------------------------------
+// Precision: bytes per element of each model state.
+
+struct training_precision {
+  std::string_view name;
+  std::size_t parameter_bytes = 2;        // the working copy the model computes with
+  std::size_t gradient_bytes = 2;
+  std::size_t master_bytes = 4;           // fp32 master copy; 0 when the parameters are fp32
+  std::size_t optimizer_state_bytes = 8;  // Adam's m and v in fp32
+  // ZeRO's K: optimizer-held bytes per parameter.
+  constexpr std::size_t k() const { return master_bytes + optimizer_state_bytes; }
+};
+
+// Mixed-precision Adam as in the ZeRO paper: bf16/fp16 parameters and gradients, K = 12.
+inline constexpr training_precision mixed_precision_adam{"mixed precision (bf16/fp16, fp32 Adam)", 2, 2, 4, 8};
+// fp32 training: the parameters are their own master copy, so K = 8.
+inline constexpr training_precision fp32_adam{"fp32 (fp32 Adam)", 4, 4, 0, 8};
+
+// ---------------------------------------------------------------------------------------
+// Models as lists of parameter shapes.
+
+struct parameter_shape {
+  std::string name;
+  std::vector<std::size_t> extents;
+  std::uint64_t elements() const {
+    std::uint64_t n = 1;
+    for (auto e : extents) n *= e;
+    return n;
+  }
+};
+
+struct model_shape {
+  std::string name;
+  std::vector<parameter_shape> parameters;
+  std::uint64_t parameter_count() const {
+    std::uint64_t n = 0;
+    for (const auto& p : parameters) n += p.elements();
+    return n;
+  }
+};
+
+// One parameter of psi elements: the model the ZeRO paper's formulas assume (DeepSpeed
+// flattens a rank's parameters into one buffer before partitioning).
+inline model_shape flat_model(std::uint64_t psi, std::string name = "flat") {
+  return {std::move(name), {{"flat", {static_cast<std::size_t>(psi)}}}};
+}
+
+struct gpt_config {
+  std::size_t vocab = 50257;
+  std::size_t context = 1024;
+  std::size_t width = 768;
+  std::size_t layers = 12;
+  std::size_t mlp_ratio = 4;
+  bool tied_output = true;  // the output projection reuses the token embedding (GPT-2)
+};
+inline constexpr gpt_config gpt2_small{};
+
+// A GPT-2-style parameter list, weights [in, out]:
+//   wte [vocab, m], wpe [context, m];
+//   per layer: ln_1 (weight, bias) [m]; attn.qkv [m, 3m] + [3m]; attn.proj [m, m] + [m];
+//              ln_2 [m] x 2; mlp.fc [m, rm] + [rm]; mlp.proj [rm, m] + [m];
+//   ln_f [m] x 2; lm_head [m, vocab] unless tied.
+// gpt2_small gives 124,439,808 parameters.
+inline model_shape gpt_model(const gpt_config& c, std::string name = "gpt") {
+  model_shape m{std::move(name), {}};
+  const std::size_t w = c.width;
+  const std::size_t h = c.mlp_ratio * w;
+  auto add = [&](std::string n, std::vector<std::size_t> e) { m.parameters.push_back({std::move(n), std::move(e)}); };
+  add("wte", {c.vocab, w});
+  add("wpe", {c.context, w});
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    std::string p = "h";  // appended, not "h" + ...: g++ 12 warns falsely (-Wrestrict) on that
+    p += std::to_string(l);
+    p += '.';
+    add(p + "ln_1.weight", {w});
+    add(p + "ln_1.bias", {w});
+    add(p + "attn.qkv.weight", {w, 3 * w});
+    add(p + "attn.qkv.bias", {3 * w});
+    add(p + "attn.proj.weight", {w, w});
+    add(p + "attn.proj.bias", {w});
+    add(p + "ln_2.weight", {w});
+    add(p + "ln_2.bias", {w});
+    add(p + "mlp.fc.weight", {w, h});
+    add(p + "mlp.fc.bias", {h});
+    add(p + "mlp.proj.weight", {h, w});
+    add(p + "mlp.proj.bias", {w});
+  }
+  add("ln_f.weight", {w});
+  add("ln_f.bias", {w});
+  if (!c.tied_output) add("lm_head", {w, c.vocab});
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------
+// The plan.
+
+// Bytes of model states one rank holds.
+struct model_state_bytes {
+  std::uint64_t parameters = 0;
+  std::uint64_t gradients = 0;
+  std::uint64_t master = 0;
+  std::uint64_t optimizer_state = 0;
+  constexpr std::uint64_t optimizer() const { return master + optimizer_state; }  // ZeRO's K part
+  constexpr std::uint64_t total() const { return parameters + gradients + master + optimizer_state; }
+  constexpr bool operator==(const model_state_bytes&) const = default;
+};
+
+// What one phase of a step sends from this rank, summed over the model's parameters.
+struct phase_traffic {
+  std::uint64_t bytes = 0;
+  std::uint64_t elements = 0;  // in the communicated type
+  std::array<std::uint64_t, collective_kinds> calls{};
+  std::array<std::uint64_t, collective_kinds> bytes_by{};
+  std::uint64_t collectives() const {
+    std::uint64_t n = 0;
+    for (auto c : calls) n += c;
+    return n;
+  }
+};
+
+struct zero_plan {
+  int stage = 0;
+  std::string model;
+  std::string mesh;
+  int rank = 0;
+  training_precision precision{};
+  std::uint64_t parameter_count = 0;
+  std::uint64_t data_parallel_size = 1;
+  model_state_bytes memory{};
+  std::array<phase_traffic, zero_phases.size()> traffic{};  // indexed by zero_phase
+
+  const phase_traffic& of(zero_phase p) const { return traffic[static_cast<std::size_t>(p)]; }
+  phase_traffic& of(zero_phase p) { return traffic[static_cast<std::size_t>(p)]; }
+  std::uint64_t bytes_sent() const {
+    std::uint64_t b = 0;
+    for (const auto& t : traffic) b += t.bytes;
+    return b;
+  }
+  std::uint64_t elements_sent() const {
+    std::uint64_t n = 0;
+    for (const auto& t : traffic) n += t.elements;
+    return n;
+  }
+  std::uint64_t bytes_of(collective k) const {
+    std::uint64_t b = 0;
+    for (const auto& t : traffic) b += t.bytes_by[static_cast<std::size_t>(k)];
+    return b;
+  }
+  // Elements sent in units of Psi (N-1)/N: 2 for stages 0-2, 3 for stage 3.
+  double psi_coefficient() const {
+    if (data_parallel_size <= 1 || parameter_count == 0) return 0;
+    const auto n = static_cast<double>(data_parallel_size);
+    return static_cast<double>(elements_sent()) / (static_cast<double>(parameter_count) * (n - 1) / n);
+  }
+  // "reduce_scatter + all_gather"
+  std::string collectives_summary() const {
+    std::string out;
+    for (auto p : zero_phases) {
+      for (std::size_t k = 0; k < collective_kinds; ++k) {
+        if (of(p).calls[k] == 0) continue;
+        if (!out.empty()) out += " + ";
+        out += name_of(static_cast<collective>(k));
+      }
+    }
+    return out.empty() ? std::string("none") : out;
+  }
+
+  std::string str() const {
+    std::ostringstream out;
+    out << *this;
+    return out.str();
+  }
+  friend std::ostream& operator<<(std::ostream& out, const zero_plan& p) {
+    out << "ZeRO stage " << p.stage << " of " << p.model << " (" << p.parameter_count << " parameters) on " << p.mesh
+        << ", rank " << p.rank << ", " << p.precision.name << '\n';
+    out << "  model states  parameters " << format_decimal_bytes(p.memory.parameters) << ", gradients "
+        << format_decimal_bytes(p.memory.gradients) << ", optimizer " << format_decimal_bytes(p.memory.optimizer())
+        << " (master " << format_decimal_bytes(p.memory.master) << ", Adam state "
+        << format_decimal_bytes(p.memory.optimizer_state) << "), total " << format_decimal_bytes(p.memory.total())
+        << '\n';
+    for (auto phase : zero_phases) {
+      const auto& t = p.of(phase);
+      std::string line = "  " + std::string(name_of(phase));
+      line.resize(22, ' ');
+      if (t.collectives() == 0) {
+        out << line << "nothing\n";
+        continue;
+      }
+      std::string kinds;
+      for (std::size_t k = 0; k < collective_kinds; ++k) {
+        if (t.calls[k] == 0) continue;
+        if (!kinds.empty()) kinds += ", ";
+        kinds += std::to_string(t.calls[k]) + " x " + std::string(name_of(static_cast<collective>(k)));
+      }
+      line += kinds;
+      line.resize(std::max<std::size_t>(line.size() + 1, 48), ' ');
+      out << line << format_decimal_bytes(t.bytes) << " sent by this rank\n";
+    }
+    out << "  total " << format_decimal_bytes(p.bytes_sent()) << " per step = " << std::fixed << std::setprecision(3)
+        << p.psi_coefficient() << " Psi (N-1)/N elements\n";
+    return out;
+  }
+
+  // Decimal units, as the ZeRO paper counts: 1 GB = 1e9 bytes.
+  static std::string format_decimal_bytes(std::uint64_t b) {
+    std::ostringstream s;
+    const auto x = static_cast<double>(b);
+    s << std::fixed << std::setprecision(2);
+    if (b < 1000) s << b << " B";
+    else if (x < 1e6) s << x / 1e3 << " kB";
+    else if (x < 1e9) s << x / 1e6 << " MB";
+    else if (x < 1e12) s << x / 1e9 << " GB";
+    else s << x / 1e12 << " TB";
+    return s.str();
+  }
+};
+
+namespace detail {
+
+// "abc..." — the planner names a parameter's dims by position; split rules choose by
+// position too (split_first_dim, split_last_dim).
+template <std::size_t Rank>
+constexpr fixed_string<Rank + 1> positional_dims() {
+  fixed_string<Rank + 1> s;
+  for (std::size_t i = 0; i < Rank; ++i) s.data[i] = static_cast<char>('a' + i);
+  return s;
+}
+
+template <class Mesh>
+std::uint64_t data_axis_size(const Mesh& mesh, std::string_view axis) {
+  for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a) {
+    if (Mesh::axis_names[a] == axis) return static_cast<std::uint64_t>(mesh.size(a));
+  }
+  return 1;
+}
+
+template <class Stage, fixed_string Dims, class Mesh>
+void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Mesh& mesh) {
+  static constexpr zero_layouts layouts = Stage::template layouts<Mesh, Dims>;
+  // The transitions are planned at compile time, as an einsum's are.
+  static constexpr auto transitions = [] {
+    std::array<transition_plan, zero_phases.size()> t{};
+    for (std::size_t i = 0; i < zero_phases.size(); ++i) {
+      const zero_transfer x = transfer_of(layouts, zero_phases[i]);
+      t[i] = plan_transition(x.from, x.to);
+    }
+    return t;
+  }();
+
+  std::array<std::size_t, Dims.size()> global{};
+  for (std::size_t i = 0; i < global.size(); ++i) global[i] = param.extents[i];
+  const auto coords = mesh.coords();
+  auto held = [&](const layout_value& v) -> std::uint64_t { return local_elements<Dims>(v, global, mesh, coords); };
+
+  const training_precision& pr = plan.precision;
+  plan.memory.parameters += held(layouts.stored) * pr.parameter_bytes;
+  plan.memory.gradients += held(layouts.gradient_buffer) * pr.gradient_bytes;
+  plan.memory.master += held(layouts.master) * pr.master_bytes;
+  plan.memory.optimizer_state += held(layouts.optimizer_state) * pr.optimizer_state_bytes;
+
+  for (std::size_t i = 0; i < zero_phases.size(); ++i) {
+    const zero_transfer x = transfer_of(layouts, zero_phases[i]);
+    const std::size_t element = x.carries_gradient ? pr.gradient_bytes : pr.parameter_bytes;
+    phase_traffic& t = plan.traffic[i];
+    layout_value v = x.from;
+    for (const auto& s : transitions[i]) {
+      if (is_collective(s.kind)) {
+        const std::uint64_t b = step_bytes<Dims>(s, v, global, mesh, element);
+        const auto k = static_cast<std::size_t>(collective_of(s.kind));
+        t.calls[k] += 1;
+        t.bytes_by[k] += b;
+        t.bytes += b;
+        t.elements += b / element;
+      }
+      v = after_step(v, s);
+    }
+  }
+}
+
+template <class Stage, class Mesh, std::size_t... R>
+void plan_zero_parameter_any_rank(zero_plan& plan, const parameter_shape& param, const Mesh& mesh,
+                                  std::index_sequence<R...>) {
+  const std::size_t rank = param.extents.size();
+  const bool planned =
+      ((rank == R + 1 ? (plan_zero_parameter<Stage, positional_dims<R + 1>()>(plan, param, mesh), true) : false) ||
+       ...);
+  if (!planned) {
+    throw shape_error(message("zest: plan_zero: parameter '", param.name, "' has ", rank,
+                              " dims; the planner takes 1 to ", max_dims, " (give a scalar the extents {1})"));
+  }
+}
+
+}  // namespace detail
+
+// The per-rank plan of one training step of `model` under Stage, for the rank at the
+// mesh's coordinates. Mesh is anything with axis_names, sizes(), coords(), size(a) and
+// coord(a): a mesh_shape for sizes beyond this machine, or the training run's own mesh.
+// With balanced blocks the first ranks hold the most, so rank 0 is the peak of memory.
+template <zero_stage_policy Stage, class Mesh>
+zero_plan plan_zero(const model_shape& model, const Mesh& mesh,
+                    const training_precision& precision = mixed_precision_adam) {
+  zero_plan plan;
+  plan.stage = Stage::stage;
+  plan.model = model.name;
+  plan.mesh = mesh.describe();
+  int rank = 0;
+  for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a) rank = rank * mesh.size(a) + mesh.coord(a);
+  plan.rank = rank;
+  plan.precision = precision;
+  plan.parameter_count = model.parameter_count();
+  plan.data_parallel_size = detail::data_axis_size(mesh, Stage::data_axis);
+  for (const auto& p : model.parameters) {
+    detail::plan_zero_parameter_any_rank<Stage>(plan, p, mesh, std::make_index_sequence<max_dims>{});
+  }
+  return plan;
+}
+
+// The same with the stage chosen at run time (over "dp" unless told).
+template <fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim, class Mesh>
+zero_plan plan_zero(int stage, const model_shape& model, const Mesh& mesh,
+                    const training_precision& precision = mixed_precision_adam) {
+  return with_zero_stage<DataAxis, SplitRule>(
+      stage, [&](auto s) { return plan_zero<decltype(s)>(model, mesh, precision); });
+}
+
+// ---------------------------------------------------------------------------------------
+// DESIGN.md's closed forms, for checking the derivation (and for printing beside it).
+// With P, G = parameter and gradient bytes and K the optimizer's:
+//   stage 0 (P+G+K)Psi   1 (P+G)Psi + K Psi/N   2 P Psi + (G+K)Psi/N   3 (P+G+K)Psi/N
+//   elements sent per step: 2 Psi (N-1)/N for stages 0-2, 3 Psi (N-1)/N for stage 3.
+struct zero_formula_values {
+  double memory_bytes = 0;
+  double elements_sent = 0;
+};
+
+constexpr zero_formula_values zero_formula(int stage, double psi, double n,
+                                           const training_precision& pr = mixed_precision_adam) {
+  const auto p = static_cast<double>(pr.parameter_bytes);
+  const auto g = static_cast<double>(pr.gradient_bytes);
+  const auto k = static_cast<double>(pr.k());
+  zero_formula_values f;
+  switch (stage) {
+    case 0: f.memory_bytes = (p + g + k) * psi; break;
+    case 1: f.memory_bytes = (p + g) * psi + k * psi / n; break;
+    case 2: f.memory_bytes = p * psi + (g + k) * psi / n; break;
+    default: f.memory_bytes = (p + g + k) * psi / n; break;
+  }
+  f.elements_sent = (stage == 3 ? 3.0 : 2.0) * psi * (n - 1) / n;
+  return f;
+}
+
+}  // namespace zest
