@@ -35,14 +35,15 @@ function(zest_find_openblas found_var)
     set(${found_var} TRUE PARENT_SCOPE)
     return()
   endif()
-  find_path(ZEST_OPENBLAS_INCLUDE_DIR
-    NAMES openblas_config.h
-    PATH_SUFFIXES openblas openblas-pthread openblas-openmp openblas-serial
+  # First the plain locations (on Debian, the alternatives that the admin chose), then
+  # the subdirectories of particular builds. A second find_* runs only if the first failed.
+  find_path(ZEST_OPENBLAS_INCLUDE_DIR NAMES openblas_config.h
     DOC "Directory holding OpenBLAS's cblas.h and openblas_config.h")
-  find_library(ZEST_OPENBLAS_LIBRARY
-    NAMES openblas
-    PATH_SUFFIXES openblas-pthread openblas-openmp openblas-serial
-    DOC "OpenBLAS library")
+  find_path(ZEST_OPENBLAS_INCLUDE_DIR NAMES openblas_config.h
+    PATH_SUFFIXES openblas openblas-pthread openblas-openmp openblas-serial)
+  find_library(ZEST_OPENBLAS_LIBRARY NAMES openblas DOC "OpenBLAS library")
+  find_library(ZEST_OPENBLAS_LIBRARY NAMES openblas
+    PATH_SUFFIXES openblas-pthread openblas-openmp openblas-serial)
   if(ZEST_OPENBLAS_INCLUDE_DIR AND ZEST_OPENBLAS_LIBRARY
      AND EXISTS "${ZEST_OPENBLAS_INCLUDE_DIR}/cblas.h")
     add_library(zest::openblas UNKNOWN IMPORTED)

@@ -184,7 +184,8 @@ TEST_CASE("visualize: uneven and nested splits, replicated tensors") {
           "         h 0..1  \n"
           "m 0..0 | 0       \n"
           "m 1..1 | 1       \n"
-          "m 2..2 | 2       \n";
+          "m 2..2 | 2       \n"
+          "(nothing on ranks 3)\n";
     }
     CHECK(draw<v_t>(m, {3, 2}) == want);
   }

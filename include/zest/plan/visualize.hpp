@@ -94,7 +94,7 @@ std::string visualize(const X& x) {
   for (const auto& b : blocks) {
     if (b.rows.size == 0 || b.cols.size == 0) empty += (empty.empty() ? "" : ",") + std::to_string(b.rank);
   }
-  if (!empty.empty()) out << "(ranks " << empty << " hold an empty block)\n";
+  if (!empty.empty()) out << "(nothing on ranks " << empty << ")\n";
   for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
     if (X::layout.is_partial(a)) {
       out << "(partial over " << mesh_t::axis_names[a] << ": the ranks listed hold summands of each block)\n";
