@@ -44,6 +44,9 @@
 #include "zest/plan/explain.hpp"
 #include "zest/plan/visualize.hpp"
 
+#include "zest/data/batches.hpp"
+#include "zest/data/text_dataset.hpp"
+
 #include "zest/mesh/mesh_shape.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/stage.hpp"
