@@ -44,6 +44,10 @@
 #include "zest/plan/explain.hpp"
 #include "zest/plan/visualize.hpp"
 
+#include "zest/autodiff/dual.hpp"
+#include "zest/autodiff/einsum_grad.hpp"
+#include "zest/autodiff/tape.hpp"
+
 #include "zest/data/batches.hpp"
 #include "zest/data/text_dataset.hpp"
 

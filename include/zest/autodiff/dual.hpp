@@ -1,0 +1,128 @@
+// zest/autodiff/dual.hpp — the layout of a gradient: the dual of the value's layout.
+//
+// Per mesh axis:
+//   dual(replicate) = partial     a value used replicated on an axis is used once per rank;
+//                                 its gradient is the sum of the ranks' contributions, still
+//                                 pending
+//   dual(partial)   = replicate   every summand influences the value alike, so each receives
+//                                 the whole gradient
+//   dual(split(d))  = split(d)    each rank owns the gradient of the block it owns
+//
+//   value  w  split(m:dp)   (ZeRO-3, stored)    gradient split(m:dp)
+//   used   w  replicate     (after all-gather)  gradient partial(dp) -> reduce-scatter
+//
+// dual(dual(L)) == L. The redistribute between two layouts has, as its backward, the
+// redistribute between their duals in the other direction: all-gather <-> reduce-scatter,
+// all-reduce <-> zero_partial (local), all-to-all <-> all-to-all.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include "zest/core/fixed_string.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/layout/placement.hpp"
+#include "zest/tensor/tensor.hpp"
+
+namespace zest::autodiff {
+
+constexpr axis_placement dual(const axis_placement& p) {
+  switch (p.kind) {
+    case placement_kind::replicate: return axis_placement{placement_kind::partial, 0, 0};
+    case placement_kind::partial: return axis_placement{placement_kind::replicate, 0, 0};
+    case placement_kind::split: return p;
+  }
+  return p;
+}
+
+constexpr layout_value dual(const layout_value& v) {
+  layout_value out = v;
+  for (std::size_t a = 0; a < v.axis_count; ++a) out.axes[a] = dual(v.axes[a]);
+  return out;
+}
+
+// The type of X's gradient: same element type, mesh and dims, the dual layout.
+// (Through a class: g++ 12 crashes on an alias whose layout argument is a call on a
+// dependent type.)
+namespace detail {
+template <class X>
+struct dual_of {
+  static constexpr layout_value layout = dual(X::layout);
+  using type = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, layout>;
+};
+// X with layout L; a class rather than zest::with_layout for the same reason.
+template <class X, layout_value L>
+struct relayout {
+  using type = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, L>;
+};
+}  // namespace detail
+template <sharded_tensor X>
+using dual_tensor = typename detail::dual_of<std::remove_cvref_t<X>>::type;
+
+// `v` with its partial axes that are also partial in `other` made replicated: what an
+// operand must be reduced to before it meets `other` in a product (a product of two pending
+// sums is not the sum of the products).
+constexpr layout_value without_shared_partials(const layout_value& v, const layout_value& other) {
+  layout_value out = v;
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    if (v.is_partial(a) && other.is_partial(a)) out.axes[a] = axis_placement{};
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// A layout value written back as a layout type, for APIs that take one (einsum's forced
+// output layout): layout_type_of<Mesh, v> is zest::layout<placements...>, one placement per
+// non-replicated axis, a split over several axes written once with its axes major first.
+namespace detail {
+
+template <class Mesh, std::size_t Axis>
+constexpr auto axis_name() {
+  constexpr std::string_view name = Mesh::axis_names[Axis];
+  fixed_string<name.size() + 1> out;
+  for (std::size_t i = 0; i < name.size(); ++i) out.data[i] = name[i];
+  return out;
+}
+
+template <class Mesh, layout_value L, char Dim, std::size_t... K>
+constexpr auto split_of(std::index_sequence<K...>) -> split<Dim, axis_name<Mesh, L.split_axis(Dim, K)>()...>;
+
+// The placements that mesh axis A contributes: none for replicate and for the inner axes
+// of a nested split (they are written with the split's first axis).
+template <class Mesh, layout_value L, std::size_t A>
+constexpr auto placements_of_axis() {
+  constexpr axis_placement p = L.axes[A];
+  if constexpr (p.kind == placement_kind::partial) {
+    return std::tuple<partial<axis_name<Mesh, A>()>>{};
+  } else if constexpr (p.kind == placement_kind::split && p.order == 0) {
+    return std::tuple<decltype(split_of<Mesh, L, p.dim>(std::make_index_sequence<L.split_count(p.dim)>{}))>{};
+  } else {
+    return std::tuple<>{};
+  }
+}
+
+template <class Tuple>
+struct layout_from_tuple;
+template <class... P>
+struct layout_from_tuple<std::tuple<P...>> {
+  using type = layout<P...>;
+};
+
+template <class Mesh, layout_value L, std::size_t... A>
+auto layout_type_of(std::index_sequence<A...>)
+    -> typename layout_from_tuple<decltype(std::tuple_cat(placements_of_axis<Mesh, L, A>()...))>::type;
+
+}  // namespace detail
+
+// layout_type_for<Mesh, L>::type, or the alias layout_type_of<Mesh, L> where L is not
+// dependent (g++ 12 crashes on aliases given a dependent class-type argument).
+template <class Mesh, layout_value L>
+struct layout_type_for {
+  using type = decltype(detail::layout_type_of<Mesh, L>(std::make_index_sequence<Mesh::axis_count>{}));
+};
+template <class Mesh, layout_value L>
+using layout_type_of = typename layout_type_for<Mesh, L>::type;
+
+}  // namespace zest::autodiff

@@ -1,0 +1,447 @@
+// zest/autodiff/tape.hpp — reverse-mode autodiff over sharded tensors.
+//
+//   zest::autodiff::tape t;
+//   auto x = t.constant(x_tensor);                 // split(b:dp)
+//   auto w = t.parameter(w_tensor);                // split(m:dp), ZeRO-3 storage
+//   auto y = einsum<"bsm,mh->bsh">(x, w);          // w all-gathered on use
+//   auto loss = sum(y * t.constant(r));            // a scalar, partial(dp)
+//   backward(loss);
+//   w.grad();                                      // split(m:dp): one reduce-scatter
+//
+// Every variable's gradient has the dual layout of its value (zest/autodiff/dual.hpp). Each
+// operation records one backward step on the tape; backward() runs them in reverse, so a
+// variable's gradient is complete (summed over all its uses) before it flows further.
+// Linear operations (einsum, redistribute, add, sub, scale, sum) accept partial operands;
+// a product of two pending sums over one axis does not compile ("reduce first").
+//
+// Elementwise arithmetic runs on the host backend.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "zest/autodiff/dual.hpp"
+#include "zest/autodiff/einsum_grad.hpp"
+#include "zest/core/error.hpp"
+#include "zest/einsum/einsum.hpp"
+#include "zest/tensor/redistribute.hpp"
+#include "zest/tensor/tensor.hpp"
+
+namespace zest::autodiff {
+
+class tape;
+
+namespace detail {
+
+template <sharded_tensor X>
+struct node {
+  X value;
+  bool requires_grad = false;
+  std::optional<dual_tensor<X>> grad;
+
+  // A variable used several times receives the sum of its uses' gradients.
+  void accumulate(dual_tensor<X>&& g) {
+    if (!grad) {
+      grad.emplace(std::move(g));
+      return;
+    }
+    auto out = grad->local();
+    const auto in = std::as_const(g).local();
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] += in[i];
+  }
+};
+
+template <class X>
+inline constexpr bool on_host = std::is_same_v<typename X::backend_type, host_backend>;
+
+}  // namespace detail
+
+template <sharded_tensor X>
+class variable;
+
+// The record of a computation: one backward step per operation, in forward order.
+class tape {
+ public:
+  tape() = default;
+  tape(const tape&) = delete;
+  tape& operator=(const tape&) = delete;
+
+  // A leaf whose gradient backward() computes.
+  template <sharded_tensor X>
+  variable<std::remove_cvref_t<X>> parameter(X&& value);
+  // A leaf without a gradient (data, fixed weights).
+  template <sharded_tensor X>
+  variable<std::remove_cvref_t<X>> constant(X&& value);
+
+  void record(std::function<void()> step) { steps_.push_back(std::move(step)); }
+  std::size_t size() const { return steps_.size(); }
+
+  // Runs the recorded steps in reverse; a seeded loss gradient must already be in place.
+  void run_backward() {
+    for (std::size_t i = steps_.size(); i-- > 0;) steps_[i]();
+  }
+  // Forgets the recorded steps (variables keep their values and gradients).
+  void clear() { steps_.clear(); }
+
+ private:
+  std::vector<std::function<void()>> steps_;
+};
+
+template <sharded_tensor X>
+class variable {
+  static_assert(std::is_same_v<X, std::remove_cvref_t<X>>, "zest autodiff: variable<X> takes a plain tensor type");
+
+ public:
+  using tensor_type = X;
+  using gradient_type = dual_tensor<X>;
+
+  variable(tape& owner, X value, bool requires_grad)
+      : tape_(&owner), node_(std::make_shared<detail::node<X>>(detail::node<X>{std::move(value), requires_grad, {}})) {}
+
+  const X& value() const { return node_->value; }
+  bool requires_grad() const { return node_->requires_grad; }
+  bool has_gradient() const { return node_->grad.has_value(); }
+  // The gradient after backward(), in the dual layout of the value.
+  const gradient_type& grad() const {
+    if (!node_->grad) {
+      throw std::logic_error("zest autodiff: this variable has no gradient (not a parameter, not reached by backward(), "
+                        "or backward() not run)");
+    }
+    return *node_->grad;
+  }
+  void zero_grad() const { node_->grad.reset(); }
+  tape& owner() const { return *tape_; }
+  const std::shared_ptr<detail::node<X>>& node() const { return node_; }
+
+ private:
+  tape* tape_;
+  std::shared_ptr<detail::node<X>> node_;
+};
+
+template <sharded_tensor X>
+variable<std::remove_cvref_t<X>> tape::parameter(X&& value) {
+  return variable<std::remove_cvref_t<X>>(*this, std::forward<X>(value), true);
+}
+template <sharded_tensor X>
+variable<std::remove_cvref_t<X>> tape::constant(X&& value) {
+  return variable<std::remove_cvref_t<X>>(*this, std::forward<X>(value), false);
+}
+
+// ---------------------------------------------------------------------------------------
+// Diagnostics.
+
+namespace autodiff_error {
+template <class...>
+inline constexpr bool always_false = false;
+// Instantiated with the operation's name and the offending tensor type (shown above the
+// message).
+template <fixed_string Operation, class Tensor>
+struct partial_operand {
+  static_assert(always_false<Tensor>,
+                "zest autodiff: a nonlinear operation got a partial operand (operation and tensor "
+                "shown above); f(a + b) is not f(a) + f(b). Fix: reduce first, e.g. "
+                "redistribute<layout<...>>(x) to replicate or split on that axis.");
+};
+template <class X, class Y>
+struct elementwise_mismatch {
+  static_assert(always_false<X>,
+                "zest autodiff: an elementwise operation needs operands with the same dims, element "
+                "type and mesh (both shown above). Fix: einsum<\"...\"> to transpose or broadcast.");
+};
+}  // namespace autodiff_error
+
+namespace detail {
+
+// The layout in which two tensors meet elementwise: x's layout, with y's pending sums
+// added (a linear op keeps them pending), and splits that lost their outer axis dropped.
+constexpr layout_value meeting_layout(const layout_value& x, const layout_value& y) {
+  layout_value v = x;
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    if (y.is_partial(a)) v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
+  }
+  for (std::size_t k = 1; k < max_axes; ++k) {
+    for (std::size_t a = 0; a < v.axis_count; ++a) {
+      if (v.is_split(a) && v.axes[a].order == k && v.split_axis(v.axes[a].dim, k - 1) == max_axes) {
+        v.axes[a] = axis_placement{};
+      }
+    }
+  }
+  return v;
+}
+
+// `v` with the partial axes that `own` does not have replicated: the operand of a product
+// that is not the pending sum on an axis must be whole there.
+constexpr layout_value keep_own_partials(const layout_value& v, const layout_value& own) {
+  layout_value out = v;
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    if (v.is_partial(a) && !own.is_partial(a)) out.axes[a] = axis_placement{};
+  }
+  return out;
+}
+
+constexpr bool share_partial_axis(const layout_value& x, const layout_value& y) {
+  for (std::size_t a = 0; a < x.axis_count; ++a) {
+    if (x.is_partial(a) && y.is_partial(a)) return true;
+  }
+  return false;
+}
+
+template <layout_value L, sharded_tensor X>
+auto as_layout(const X& x) {
+  if constexpr (X::layout == L) {
+    return x;
+  } else {
+    return redistribute_to<L>(x);
+  }
+}
+
+template <sharded_tensor X, sharded_tensor Y>
+constexpr bool same_kind() {
+  return X::dims == Y::dims && std::is_same_v<typename X::value_type, typename Y::value_type> &&
+         std::is_same_v<typename X::mesh_type, typename Y::mesh_type>;
+}
+
+template <class X, class Y>
+constexpr bool check_elementwise() {
+  if constexpr (!same_kind<X, Y>()) {
+    (void)autodiff_error::elementwise_mismatch<X, Y>{};
+    return false;
+  } else {
+    static_assert(on_host<X>, "zest autodiff: elementwise operations run on the host backend for now");
+    return true;
+  }
+}
+
+// out[i] = f(a[i], b[i]) over local shards of one shape.
+template <sharded_tensor Out, sharded_tensor A, sharded_tensor B, class F>
+Out combine(const A& a, const B& b, F f) {
+  Out out(a.mesh(), a.extents(), Out::uninitialized);
+  const auto pa = a.local();
+  const auto pb = b.local();
+  auto po = out.local();
+  for (std::size_t i = 0; i < po.size(); ++i) po[i] = f(pa[i], pb[i]);
+  return out;
+}
+template <sharded_tensor Out, sharded_tensor A, class F>
+Out transform(const A& a, F f) {
+  Out out(a.mesh(), a.extents(), Out::uninitialized);
+  const auto pa = a.local();
+  auto po = out.local();
+  for (std::size_t i = 0; i < po.size(); ++i) po[i] = f(pa[i]);
+  return out;
+}
+
+template <sharded_tensor Y>
+variable<Y> make_result(tape& t, Y&& value, bool requires_grad) {
+  return variable<Y>(t, std::move(value), requires_grad);
+}
+
+// The scalar dims.
+inline constexpr fixed_string<1> no_dims{};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// Operations.
+
+// einsum<Spec, Options...>(a, b) and einsum<Spec, Options...>(a): zest::einsum on the values
+// (options: policy and forced output layout, as there); the gradients are the derived einsums.
+template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A, sharded_tensor B>
+auto einsum(const variable<A>& a, const variable<B>& b) {
+  using policy = typename zest::detail::einsum_options<O1, O2>::policy;
+  auto y = zest::einsum<Spec, O1, O2>(a.value(), b.value());
+  auto out = detail::make_result(a.owner(), std::move(y), a.requires_grad() || b.requires_grad());
+  if (out.requires_grad()) {
+    a.owner().record([an = a.node(), bn = b.node(), on = out.node()] {
+      if (!on->grad) return;
+      if (an->requires_grad) an->accumulate(einsum_operand_gradient<Spec, 0, policy>(*on->grad, an->value, bn->value));
+      if (bn->requires_grad) bn->accumulate(einsum_operand_gradient<Spec, 1, policy>(*on->grad, an->value, bn->value));
+    });
+  }
+  return out;
+}
+
+template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A>
+auto einsum(const variable<A>& a) {
+  using policy = typename zest::detail::einsum_options<O1, O2>::policy;
+  auto out = detail::make_result(a.owner(), zest::einsum<Spec, O1, O2>(a.value()), a.requires_grad());
+  if (out.requires_grad()) {
+    a.owner().record([an = a.node(), on = out.node()] {
+      if (on->grad) an->accumulate(einsum_operand_gradient<Spec, 0, policy>(*on->grad, an->value));
+    });
+  }
+  return out;
+}
+
+// redistribute<layout<...>>(x): its backward is the redistribute between the duals, the
+// other way round (all-gather <-> reduce-scatter, all-reduce <-> local zero_partial).
+template <class Layout, sharded_tensor X>
+auto redistribute(const variable<X>& x) {
+  auto out = detail::make_result(x.owner(), zest::redistribute<Layout>(x.value()), x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node()] {
+      if (on->grad) xn->accumulate(redistribute_to<dual(X::layout)>(*on->grad));
+    });
+  }
+  return out;
+}
+
+namespace detail {
+// x + sign * y, both brought to their meeting layout; linear, so pending sums stay pending.
+template <int Sign, sharded_tensor X, sharded_tensor Y>
+auto add_signed(const variable<X>& x, const variable<Y>& y) {
+  if constexpr (!check_elementwise<X, Y>()) {
+    return 0;
+  } else {
+    constexpr layout_value meet = meeting_layout(X::layout, Y::layout);
+    using z_t = typename relayout<X, meet>::type;
+    using T = typename X::value_type;
+    auto z = combine<z_t>(as_layout<meet>(x.value()), as_layout<meet>(y.value()),
+                          [](T a, T b) { return Sign > 0 ? a + b : a - b; });
+    auto out = make_result(x.owner(), std::move(z), x.requires_grad() || y.requires_grad());
+    if (out.requires_grad()) {
+      x.owner().record([xn = x.node(), yn = y.node(), on = out.node()] {
+        if (!on->grad) return;
+        if (xn->requires_grad) xn->accumulate(redistribute_to<dual(X::layout)>(*on->grad));
+        if (yn->requires_grad) {
+          if constexpr (Sign > 0) {
+            yn->accumulate(redistribute_to<dual(Y::layout)>(*on->grad));
+          } else {
+            auto negated = transform<dual_tensor<z_t>>(*on->grad, [](T g) { return -g; });
+            yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(negated)));
+          }
+        }
+      });
+    }
+    return out;
+  }
+}
+}  // namespace detail
+
+template <sharded_tensor X, sharded_tensor Y>
+auto add(const variable<X>& x, const variable<Y>& y) {
+  return detail::add_signed<1>(x, y);
+}
+template <sharded_tensor X, sharded_tensor Y>
+auto sub(const variable<X>& x, const variable<Y>& y) {
+  return detail::add_signed<-1>(x, y);
+}
+template <sharded_tensor X, sharded_tensor Y>
+auto operator+(const variable<X>& x, const variable<Y>& y) {
+  return add(x, y);
+}
+template <sharded_tensor X, sharded_tensor Y>
+auto operator-(const variable<X>& x, const variable<Y>& y) {
+  return sub(x, y);
+}
+
+// c * x: linear, any layout.
+template <sharded_tensor X>
+variable<X> scale(const variable<X>& x, typename X::value_type c) {
+  static_assert(detail::on_host<X>, "zest autodiff: elementwise operations run on the host backend for now");
+  using T = typename X::value_type;
+  auto out = detail::make_result(x.owner(), detail::transform<X>(x.value(), [c](T v) { return c * v; }),
+                                 x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node(), c] {
+      if (on->grad) xn->accumulate(detail::transform<dual_tensor<X>>(*on->grad, [c](T g) { return c * g; }));
+    });
+  }
+  return out;
+}
+
+// x * y elementwise. Bilinear: one operand may be a pending sum on an axis (the other is
+// made whole there), not both.
+template <sharded_tensor X, sharded_tensor Y>
+auto multiply(const variable<X>& x, const variable<Y>& y) {
+  if constexpr (!detail::check_elementwise<X, Y>()) {
+    return 0;
+  } else if constexpr (detail::share_partial_axis(X::layout, Y::layout)) {
+    (void)autodiff_error::partial_operand<"multiply", Y>{};
+    return 0;
+  } else {
+    using T = typename X::value_type;
+    constexpr layout_value meet = detail::meeting_layout(X::layout, Y::layout);
+    constexpr layout_value x_at = detail::keep_own_partials(meet, X::layout);
+    constexpr layout_value y_at = detail::keep_own_partials(meet, Y::layout);
+    constexpr layout_value x_grad = dual(x_at);
+    constexpr layout_value y_grad = dual(y_at);
+    using z_t = typename detail::relayout<X, meet>::type;
+    auto xu = detail::as_layout<x_at>(x.value());
+    auto yu = detail::as_layout<y_at>(y.value());
+    auto out = detail::make_result(x.owner(), detail::combine<z_t>(xu, yu, [](T a, T b) { return a * b; }),
+                                   x.requires_grad() || y.requires_grad());
+    if (out.requires_grad()) {
+      // dz is dual(meet); times the other operand as used it is dual of this one's as used.
+      x.owner().record([xn = x.node(), yn = y.node(), on = out.node(), xu = std::move(xu), yu = std::move(yu)] {
+        if (!on->grad) return;
+        const auto mul = [](T a, T b) { return a * b; };
+        if (xn->requires_grad) {
+          xn->accumulate(redistribute_to<dual(X::layout)>(
+              detail::combine<typename detail::relayout<X, x_grad>::type>(*on->grad, yu, mul)));
+        }
+        if (yn->requires_grad) {
+          yn->accumulate(redistribute_to<dual(Y::layout)>(
+              detail::combine<typename detail::relayout<Y, y_grad>::type>(*on->grad, xu, mul)));
+        }
+      });
+    }
+    return out;
+  }
+}
+template <sharded_tensor X, sharded_tensor Y>
+auto operator*(const variable<X>& x, const variable<Y>& y) {
+  return multiply(x, y);
+}
+
+// The sum of all elements, a scalar: partial on every axis that splits x or is partial in
+// it, replicated on the others. Its gradient fills x's gradient with the scalar's gradient.
+template <sharded_tensor X>
+auto sum(const variable<X>& x) {
+  static_assert(detail::on_host<X>, "zest autodiff: elementwise operations run on the host backend for now");
+  using T = typename X::value_type;
+  constexpr layout_value scalar_layout = [] {
+    layout_value v = X::layout;
+    for (std::size_t a = 0; a < v.axis_count; ++a) {
+      if (!v.is_replicate(a)) v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
+    }
+    return v;
+  }();
+  using s_t = basic_tensor<T, typename X::mesh_type, detail::no_dims, scalar_layout>;
+  s_t s(x.value().mesh(), {});
+  T total{};
+  for (T v : x.value().local()) total += v;
+  s.local()[0] = total;
+  auto out = detail::make_result(x.owner(), std::move(s), x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node()] {
+      if (!on->grad) return;
+      dual_tensor<X> g(xn->value.mesh(), xn->value.extents());
+      const T seed = std::as_const(*on->grad).local()[0];
+      for (T& v : g.local()) v = seed;
+      xn->accumulate(std::move(g));
+    });
+  }
+  return out;
+}
+
+// Runs backward from a scalar: its gradient is 1 (on coordinate 0 of its partial axes...
+// which are replicated in the dual), then every recorded step in reverse.
+template <sharded_tensor L>
+void backward(const variable<L>& loss) {
+  static_assert(L::rank == 0, "zest autodiff backward: start from a scalar. Fix: sum(...) the loss first.");
+  using g_t = dual_tensor<L>;
+  if (!loss.requires_grad()) return;
+  loss.node()->grad.emplace(
+      g_t::generate(loss.value().mesh(), {}, [](const auto&) { return typename L::value_type(1); }));
+  loss.owner().run_backward();
+}
+
+}  // namespace zest::autodiff
