@@ -82,7 +82,9 @@ int main(int argc, char** argv) {
     else if (arg == "--json") json = next();
     else if (arg == "--quick") n = 4096, reps = 5, rounds = 3;
     else {
-      std::fprintf(stderr, "usage: bench_gpu_gemm [--n N] [--reps R] [--rounds K] [--json FILE] [--quick]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_gpu_gemm [--n N] [--reps R] [--rounds K] [--json FILE] [--quick]\n");
       return 2;
     }
   }
@@ -105,10 +107,11 @@ int main(int argc, char** argv) {
   const float alpha = 1.0F, beta = 0.0F;
   // Row-major C = A B is column-major C^T = B^T A^T: B first, as cuBLAS sees it.
   const auto direct = [&] {
-    check_blas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &alpha, b.local().data(), CUDA_R_16BF, ni,
-                            a.local().data(), CUDA_R_16BF, ni, &beta, direct_out.data(), CUDA_R_16BF, ni,
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx");
+    check_blas(
+        cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &alpha, b.local().data(),
+                     CUDA_R_16BF, ni, a.local().data(), CUDA_R_16BF, ni, &beta, direct_out.data(),
+                     CUDA_R_16BF, ni, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
   };
   const auto through_zest = [&] {
     auto c = zest::einsum<"ik,kj->ij">(a, b);
@@ -149,13 +152,14 @@ int main(int argc, char** argv) {
   const double flops = 2.0 * double(n) * double(n) * double(n);
   const double ratio = best_direct / best_zest;
   const double tflops = flops / (best_zest * 1e-3) / 1e12;
-  std::printf("gpu gemm n=%zu bf16: einsum %.3f ms, cublasGemmEx %.3f ms (%.1f TFLOP/s direct)\n", n, best_zest,
-              best_direct, flops / (best_direct * 1e-3) / 1e12);
+  std::printf("gpu gemm n=%zu bf16: einsum %.3f ms, cublasGemmEx %.3f ms (%.1f TFLOP/s direct)\n",
+              n, best_zest, best_direct, flops / (best_direct * 1e-3) / 1e12);
   std::printf("METRIC gpu_gemm_ratio_vs_cublas %.4f\n", ratio);
   std::printf("METRIC gpu_gemm_tflops %.2f\n", tflops);
   if (!json.empty()) {
     std::ofstream out(json);
-    out << "{\"metrics\": {\"gpu_gemm_ratio_vs_cublas\": " << ratio << ", \"gpu_gemm_tflops\": " << tflops << "}}\n";
+    out << "{\"metrics\": {\"gpu_gemm_ratio_vs_cublas\": " << ratio
+        << ", \"gpu_gemm_tflops\": " << tflops << "}}\n";
     if (!out) {
       std::fprintf(stderr, "bench_gpu_gemm: cannot write %s\n", json.c_str());
       return 1;
