@@ -58,8 +58,7 @@ struct result {
 // seconds, keeping the best time of each: on a shared machine the best is the run that
 // was least disturbed. The baseline is the fastest of the BLAS variants.
 result measure(const std::string& name, double flops, int reps, double budget_s,
-               const std::function<void()>& zest,
-               const std::vector<std::function<void()>>& blas) {
+               const std::function<void()>& zest, const std::vector<std::function<void()>>& blas) {
   result r{name, flops};
   zest();
   for (const auto& f : blas) f();
@@ -105,13 +104,12 @@ int main(int argc, char** argv) {
     std::vector<float> c1(n * n), c2(n * n);
     const std::size_t e[] = {n, n};
     const operand_view<float> ops[] = {{a.data(), "ik", e}, {b.data(), "kj", e}};
-    results.push_back(measure(
-        "ik,kj->ij  n=1024", 2.0 * n * n * n, reps, budget_s,
-        [&] { zest::host::contract<float>(ops, "ij", c1.data(), e); },
-        {[&] {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0F,
-                      a.data(), int(n), b.data(), int(n), 0.0F, c2.data(), int(n));
-        }}));
+    results.push_back(measure("ik,kj->ij  n=1024", 2.0 * n * n * n, reps, budget_s,
+                              [&] { zest::host::contract<float>(ops, "ij", c1.data(), e); }, {[&] {
+                                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n),
+                                            int(n), int(n), 1.0F, a.data(), int(n), b.data(),
+                                            int(n), 0.0F, c2.data(), int(n));
+                              }}));
     expect_close("ik,kj->ij", c1, c2, n);
   }
 
@@ -121,16 +119,15 @@ int main(int argc, char** argv) {
     std::vector<float> c1(bt * n * n), c2(bt * n * n);
     const std::size_t e[] = {bt, n, n};
     const operand_view<float> ops[] = {{a.data(), "bik", e}, {b.data(), "bkj", e}};
-    results.push_back(measure(
-        "bik,bkj->bij  b=16 256^3", 2.0 * bt * n * n * n, reps, budget_s,
-        [&] { zest::host::contract<float>(ops, "bij", c1.data(), e); },
-        {[&] {
-          for (std::size_t p = 0; p < bt; ++p) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0F,
-                        a.data() + p * n * n, int(n), b.data() + p * n * n, int(n), 0.0F,
-                        c2.data() + p * n * n, int(n));
-          }
-        }}));
+    results.push_back(measure("bik,bkj->bij  b=16 256^3", 2.0 * bt * n * n * n, reps, budget_s,
+                              [&] { zest::host::contract<float>(ops, "bij", c1.data(), e); }, {[&] {
+                                for (std::size_t p = 0; p < bt; ++p) {
+                                  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n),
+                                              int(n), int(n), 1.0F, a.data() + p * n * n, int(n),
+                                              b.data() + p * n * n, int(n), 0.0F,
+                                              c2.data() + p * n * n, int(n));
+                                }
+                              }}));
     expect_close("bik,bkj->bij", c1, c2, n);
   }
 
@@ -164,7 +161,8 @@ int main(int argc, char** argv) {
     std::vector<float> plain_t(out.size());
     for (std::size_t p = 0; p < bt; ++p) {
       for (std::size_t i = 0; i < s; ++i) {
-        for (std::size_t j = 0; j < h; ++j) plain_t[(p * h + j) * s + i] = plain[(p * s + i) * h + j];
+        for (std::size_t j = 0; j < h; ++j)
+          plain_t[(p * h + j) * s + i] = plain[(p * s + i) * h + j];
       }
     }
     expect_close("bsm,hm->bhs", out, plain_t, m);
@@ -178,8 +176,7 @@ int main(int argc, char** argv) {
   }
   std::printf("METRIC einsum_gemm_ratio_vs_blas %.3f\n", results[0].blas_s / results[0].zest_s);
   std::printf("METRIC einsum_batched_ratio_vs_blas %.3f\n", results[1].blas_s / results[1].zest_s);
-  std::printf("METRIC einsum_permuted_ratio_vs_blas %.3f\n",
-              results[2].blas_s / results[2].zest_s);
+  std::printf("METRIC einsum_permuted_ratio_vs_blas %.3f\n", results[2].blas_s / results[2].zest_s);
   std::printf("METRIC blas_sgemm_gflops %.2f\n", results[0].flops / results[0].blas_s * 1e-9);
   return 0;
 }

@@ -55,9 +55,11 @@ std::uint64_t parse_count(std::string_view text) {
   double scale = 1;
   if (!s.empty()) {
     switch (s.back()) {
-      case 'k': case 'K': scale = 1e3; break;
+      case 'k':
+      case 'K': scale = 1e3; break;
       case 'M': scale = 1e6; break;
-      case 'B': case 'G': scale = 1e9; break;
+      case 'B':
+      case 'G': scale = 1e9; break;
       case 'T': scale = 1e12; break;
       default: break;
     }
@@ -65,7 +67,8 @@ std::uint64_t parse_count(std::string_view text) {
   }
   std::size_t used = 0;
   const double v = std::stod(s, &used);
-  if (used != s.size() || !(v > 0)) throw std::invalid_argument("not a positive count: " + std::string(text));
+  if (used != s.size() || !(v > 0))
+    throw std::invalid_argument("not a positive count: " + std::string(text));
   return static_cast<std::uint64_t>(std::llround(v * scale));
 }
 
@@ -112,7 +115,9 @@ std::string fixed(double v, int digits) {
   return s.str();
 }
 
-std::string bytes(double b) { return zest::zero_plan::format_decimal_bytes(static_cast<std::uint64_t>(std::llround(b))); }
+std::string bytes(double b) {
+  return zest::zero_plan::format_decimal_bytes(static_cast<std::uint64_t>(std::llround(b)));
+}
 
 std::string count(std::uint64_t n) {
   if (n >= 1'000'000'000ULL) return fixed(static_cast<double>(n) / 1e9, 2) + "B";
@@ -137,12 +142,14 @@ struct section {
 int print_section(const section& s, const options& o, const zest::training_precision& precision) {
   const zest::mesh_shape<"dp"> mesh({s.ranks});
   const std::uint64_t psi = s.model.parameter_count();
-  std::cout << s.title << "\n  " << s.model.name << ", " << count(psi) << " parameters (" << s.model.parameters.size()
-            << (s.model.parameters.size() == 1 ? " tensor" : " tensors") << ") on " << mesh.describe() << ", "
-            << precision.name << ", K = " << precision.k() << "\n\n";
-  std::cout << "  " << pad("stage", 7) << pad("params", 11) << pad("grads", 11) << pad("optimizer", 11)
-            << pad("total/rank", 12) << pad("formula", 12) << (s.paper.empty() ? "" : pad("paper", 11))
-            << pad("sent/step", 11) << pad("× Ψ(N−1)/N", 12) << "collectives\n";
+  std::cout << s.title << "\n  " << s.model.name << ", " << count(psi) << " parameters ("
+            << s.model.parameters.size()
+            << (s.model.parameters.size() == 1 ? " tensor" : " tensors") << ") on "
+            << mesh.describe() << ", " << precision.name << ", K = " << precision.k() << "\n\n";
+  std::cout << "  " << pad("stage", 7) << pad("params", 11) << pad("grads", 11)
+            << pad("optimizer", 11) << pad("total/rank", 12) << pad("formula", 12)
+            << (s.paper.empty() ? "" : pad("paper", 11)) << pad("sent/step", 11)
+            << pad("× Ψ(N−1)/N", 12) << "collectives\n";
   int agree = 0;
   int disagree = 0;
   std::vector<zest::zero_plan> detailed;
@@ -150,10 +157,12 @@ int print_section(const section& s, const options& o, const zest::training_preci
     if (o.stage && *o.stage != stage) continue;
     const zest::zero_plan p = zest::plan_zero(stage, s.model, mesh, precision);
     const auto f = zest::zero_formula(stage, static_cast<double>(psi), s.ranks, precision);
-    std::cout << "  " << pad(std::to_string(stage), 7) << pad(bytes(static_cast<double>(p.memory.parameters)), 11)
+    std::cout << "  " << pad(std::to_string(stage), 7)
+              << pad(bytes(static_cast<double>(p.memory.parameters)), 11)
               << pad(bytes(static_cast<double>(p.memory.gradients)), 11)
               << pad(bytes(static_cast<double>(p.memory.optimizer())), 11)
-              << pad(bytes(static_cast<double>(p.memory.total())), 12) << pad(bytes(f.memory_bytes), 12);
+              << pad(bytes(static_cast<double>(p.memory.total())), 12)
+              << pad(bytes(f.memory_bytes), 12);
     if (!s.paper.empty()) {
       const paper_figure& fig = s.paper[static_cast<std::size_t>(stage)];
       const double scale = std::pow(10.0, fig.digits);
@@ -163,7 +172,8 @@ int print_section(const section& s, const options& o, const zest::training_preci
       std::cout << pad(fixed(fig.gigabytes, fig.digits) + " GB " + (same ? "✓" : "✗"), 11);
     }
     std::cout << pad(bytes(static_cast<double>(p.bytes_sent())), 11)
-              << pad(s.ranks > 1 ? fixed(p.psi_coefficient(), 3) : "-", 12) << p.collectives_summary() << '\n';
+              << pad(s.ranks > 1 ? fixed(p.psi_coefficient(), 3) : "-", 12)
+              << p.collectives_summary() << '\n';
     if (o.stage) detailed.push_back(p);
   }
   if (!s.paper.empty()) {
@@ -187,8 +197,10 @@ int main(int argc, char** argv) {
   }
   const zest::training_precision& precision = o.fp32 ? zest::fp32_adam : zest::mixed_precision_adam;
 
-  std::cout << "zest plan — ZeRO per-rank model-state memory and communication per step, from the stages'\n"
-               "layouts; rank 0 of the data axis; decimal units (1 GB = 1e9 B) as in the ZeRO paper\n\n";
+  std::cout
+      << "zest plan — ZeRO per-rank model-state memory and communication per step, from the "
+         "stages'\n"
+         "layouts; rank 0 of the data axis; decimal units (1 GB = 1e9 B) as in the ZeRO paper\n\n";
 
   std::vector<section> sections;
   const std::uint64_t paper_psi = 7'500'000'000ULL;
@@ -197,18 +209,24 @@ int main(int argc, char** argv) {
     const int ranks = o.ranks.value_or(64);
     sections.push_back({"Flat model", zest::flat_model(psi, "one flat parameter"), ranks, {}});
   } else {
-    sections.push_back({"ZeRO paper example (Rajbhandari et al. 2020, Figure 1): Ψ = 7.5B, N_d = 64",
-                        zest::flat_model(paper_psi, "one flat parameter"),
-                        64,
+    sections.push_back(
+        {"ZeRO paper example (Rajbhandari et al. 2020, Figure 1): Ψ = 7.5B, N_d = 64",
+         zest::flat_model(paper_psi, "one flat parameter"),
+         64,
+         {}});
+    sections.push_back({"Turing-NLG-sized: Ψ = 17B, N_d = 256",
+                        zest::flat_model(17'000'000'000ULL, "one flat parameter"),
+                        256,
                         {}});
-    sections.push_back({"Turing-NLG-sized: Ψ = 17B, N_d = 256", zest::flat_model(17'000'000'000ULL, "one flat parameter"),
-                        256, {}});
     sections.push_back({"GPT-2 small, per-tensor splits (first dim, balanced blocks), N_d = 4",
-                        zest::gpt_model(zest::gpt2_small, "GPT-2 small"), 4, {}});
+                        zest::gpt_model(zest::gpt2_small, "GPT-2 small"),
+                        4,
+                        {}});
   }
   // The paper's figures hold for its setting: mixed precision, 7.5B over 64.
   for (auto& s : sections) {
-    if (!o.fp32 && s.ranks == 64 && s.model.parameters.size() == 1 && s.model.parameter_count() == paper_psi) {
+    if (!o.fp32 && s.ranks == 64 && s.model.parameters.size() == 1 &&
+        s.model.parameter_count() == paper_psi) {
       s.paper = {{120, 0}, {31.4, 1}, {16.6, 1}, {1.9, 1}};
     }
   }

@@ -18,7 +18,8 @@ using namespace zest;
 using namespace zest::testing;
 
 // sum(reference_einsum(in) * r) over the global arrays.
-double reference_loss(const einsum_spec& s, const std::vector<dense>& in, const std::vector<double>& r) {
+double reference_loss(const einsum_spec& s, const std::vector<dense>& in,
+                      const std::vector<double>& r) {
   std::vector<std::size_t> out_extents;
   const auto y = reference_einsum(s, in, out_extents);
   double total = 0;
@@ -31,16 +32,19 @@ void check_gradient(const einsum_mesh& m, std::mt19937& rng) {
   constexpr einsum_spec s = spec_of<Spec>;
   std::array<std::size_t, 128> extent{};
   for (std::size_t i = 0; i < s.operand_count; ++i)
-    for (std::size_t k = 0; k < s.inputs[i].size; ++k) extent[static_cast<unsigned char>(s.inputs[i].letters[k])] = 1 + rng() % 4;
+    for (std::size_t k = 0; k < s.inputs[i].size; ++k)
+      extent[static_cast<unsigned char>(s.inputs[i].letters[k])] = 1 + rng() % 4;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     auto extents_of = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
       typename operand_t<double, Spec, J, Combo>::extents_type e{};
-      for (std::size_t k = 0; k < s.inputs[J].size; ++k) e[k] = extent[static_cast<unsigned char>(s.inputs[J].letters[k])];
+      for (std::size_t k = 0; k < s.inputs[J].size; ++k)
+        e[k] = extent[static_cast<unsigned char>(s.inputs[J].letters[k])];
       return e;
     };
     autodiff::tape t;
     auto vars = std::make_tuple(t.parameter(make_tensor<operand_t<double, Spec, I, Combo>>(
-        m, extents_of(std::integral_constant<std::size_t, I>{}), static_cast<std::uint32_t>(11 + I)))...);
+        m, extents_of(std::integral_constant<std::size_t, I>{}),
+        static_cast<std::uint32_t>(11 + I)))...);
     auto y = autodiff::einsum<Spec, O1, O2>(std::get<I>(vars)...);
     using y_t = typename decltype(y)::tensor_type;
     using r_t = basic_tensor<double, einsum_mesh, y_t::dims, replicated_layout(2)>;
@@ -50,12 +54,14 @@ void check_gradient(const einsum_mesh& m, std::mt19937& rng) {
 
     // Gradient layouts are the duals of the operands' layouts.
     static_assert((std::is_same_v<std::remove_cvref_t<decltype(std::get<I>(vars).grad())>,
-                                  autodiff::dual_tensor<operand_t<double, Spec, I, Combo>>> && ...));
+                                  autodiff::dual_tensor<operand_t<double, Spec, I, Combo>>> &&
+                   ...));
 
-    std::vector<dense> in{dense{s.inputs[I].view(),
-                                std::vector<std::size_t>(std::get<I>(vars).value().extents().begin(),
-                                                         std::get<I>(vars).value().extents().end()),
-                                global_values(std::get<I>(vars).value().extents(), static_cast<std::uint32_t>(11 + I))}...};
+    std::vector<dense> in{dense{
+        s.inputs[I].view(),
+        std::vector<std::size_t>(std::get<I>(vars).value().extents().begin(),
+                                 std::get<I>(vars).value().extents().end()),
+        global_values(std::get<I>(vars).value().extents(), static_cast<std::uint32_t>(11 + I))}...};
     const auto r_global = global_values(y.value().extents(), 77);
     const double want_loss = reference_loss(s, in, r_global);
     CHECK(to_global(loss.value())[0] == doctest::Approx(want_loss).epsilon(1e-12));
@@ -63,20 +69,23 @@ void check_gradient(const einsum_mesh& m, std::mt19937& rng) {
     auto check_operand = [&](std::size_t i, const std::vector<double>& grad) {
       CAPTURE(i);
       REQUIRE(grad.size() == in[i].data.size());
-      const double h = 1e-3;  // the loss is linear in each operand: central differences are exact up to rounding
+      const double h =
+          1e-3;  // the loss is linear in each operand: central differences are exact up to rounding
       double worst = 0, scale = 1;
       for (std::size_t e = 0; e < grad.size(); ++e) {
         auto plus = in, minus = in;
         plus[i].data[e] += h;
         minus[i].data[e] -= h;
-        const double fd = (reference_loss(s, plus, r_global) - reference_loss(s, minus, r_global)) / (2 * h);
+        const double fd =
+            (reference_loss(s, plus, r_global) - reference_loss(s, minus, r_global)) / (2 * h);
         worst = std::max(worst, std::abs(fd - grad[e]));
         scale = std::max(scale, std::abs(fd));
       }
       CHECK(worst / scale < 1e-9);
     };
     (check_operand(I, to_global(std::get<I>(vars).grad())), ...);
-  }(std::make_index_sequence<s.operand_count>{});
+  }
+  (std::make_index_sequence<s.operand_count>{});
 }
 
 template <fixed_string Spec>
@@ -130,7 +139,8 @@ TEST_CASE("ZeRO-3: weight stored split(m:dp) gets its gradient split(m:dp) by on
   autodiff::backward(loss);
   const comm_stats backward = m.stats();
 
-  static_assert(std::is_same_v<std::remove_cvref_t<decltype(w.grad())>, w_t>, "stored layout, no ZeRO code");
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(w.grad())>, w_t>,
+                "stored layout, no ZeRO code");
   static_assert(std::is_same_v<std::remove_cvref_t<decltype(x.grad())>, x_t>);
   CHECK(forward.by_kind[static_cast<std::size_t>(collective::all_gather)].calls == 1);
   CHECK(forward.calls() == 1);
@@ -146,9 +156,12 @@ TEST_CASE("ZeRO-3: weight stored split(m:dp) gets its gradient split(m:dp) by on
   const einsum_spec dw_spec = parse_einsum("bsm,bsh->mh");
   const einsum_spec dx_spec = parse_einsum("bsh,mh->bsm");
   std::vector<std::size_t> oe;
-  const auto xg = global_values(xe, 1), wg = global_values(we, 2), rg = global_values(std::array<std::size_t, 3>{5, 3, 4}, 3);
-  const auto dw_want = reference_einsum(dw_spec, {dense{"bsm", {5, 3, 7}, xg}, dense{"bsh", {5, 3, 4}, rg}}, oe);
-  const auto dx_want = reference_einsum(dx_spec, {dense{"bsh", {5, 3, 4}, rg}, dense{"mh", {7, 4}, wg}}, oe);
+  const auto xg = global_values(xe, 1), wg = global_values(we, 2),
+             rg = global_values(std::array<std::size_t, 3>{5, 3, 4}, 3);
+  const auto dw_want =
+      reference_einsum(dw_spec, {dense{"bsm", {5, 3, 7}, xg}, dense{"bsh", {5, 3, 4}, rg}}, oe);
+  const auto dx_want =
+      reference_einsum(dx_spec, {dense{"bsh", {5, 3, 4}, rg}, dense{"mh", {7, 4}, wg}}, oe);
   CHECK(relative_error(to_global(w.grad()), dw_want) < 1e-12);
   CHECK(relative_error(to_global(x.grad()), dx_want) < 1e-12);
 }
@@ -168,7 +181,8 @@ TEST_CASE("a variable used twice accumulates its gradient; add, sub, scale, redi
   auto v = autodiff::redistribute<layout<>>(a);
   auto loss = autodiff::sum(u * r + v * r);
   autodiff::backward(loss);
-  static_assert(std::is_same_v<std::remove_cvref_t<decltype(b.grad())>, tensor<double, mesh_t, "ij">>);
+  static_assert(
+      std::is_same_v<std::remove_cvref_t<decltype(b.grad())>, tensor<double, mesh_t, "ij">>);
   const auto rg = global_values(e, 3);
   std::vector<double> two_r(rg);
   for (auto& x : two_r) x *= 2;

@@ -31,7 +31,8 @@ static_assert(counter_hash(1, 2, 3) != counter_hash(1, 2, 4));
 static_assert(counter_hash(1, 2, 3) != counter_hash(1, 3, 3));
 static_assert(counter_hash(1, 2, 3) != counter_hash(2, 2, 3));
 // batch<"dp"> is the data-parallel layout.
-static_assert(std::is_same_v<decltype(std::declval<const batch_sampler&>().batch<"dp">(std::declval<const mesh_t&>(), 0)),
+static_assert(std::is_same_v<decltype(std::declval<const batch_sampler&>().batch<"dp">(
+                                 std::declval<const mesh_t&>(), 0)),
                              token_batch<batch_tensor<mesh_t, "dp">>>);
 static_assert(has_layout<batch_tensor<mesh_t, "dp">, layout<split<'b', "dp">>>);
 
@@ -46,7 +47,8 @@ std::vector<std::int32_t> as_vector(const V& v) {
 }
 
 // The batch of one process: a local mesh, every row on it.
-token_batch<std::vector<std::int32_t>> one_process_batch(const batch_sampler& s, std::uint64_t step) {
+token_batch<std::vector<std::int32_t>> one_process_batch(const batch_sampler& s,
+                                                         std::uint64_t step) {
   const local_t local;
   const auto b = s.batch<layout<>>(local, step);
   return {as_vector(b.inputs.local()), as_vector(b.targets.local())};
@@ -70,7 +72,8 @@ void check_same_global_batch(const mesh_t& m, const batch_sampler& s, std::uint6
   REQUIRE(got.inputs.extents() == std::array<std::size_t, 2>{B, T});
   // Rows: a balanced block of B over dp where the layout splits b, else all of them.
   const auto rows = decltype(got.inputs)::layout.splits(0, 'b')
-                        ? balanced_block(B, static_cast<std::size_t>(m.size(0)), static_cast<std::size_t>(m.coord(0)))
+                        ? balanced_block(B, static_cast<std::size_t>(m.size(0)),
+                                         static_cast<std::size_t>(m.coord(0)))
                         : block_range{0, B};
   CHECK(got.inputs.local_offsets()[0] == rows.offset);
   CHECK(got.inputs.local_extents()[0] == rows.size);
@@ -83,7 +86,8 @@ void check_same_global_batch(const mesh_t& m, const batch_sampler& s, std::uint6
   for (std::size_t r = 0; r < ext[0]; ++r) {
     for (std::size_t t = 0; t < ext[1]; ++t) {
       const std::size_t g = (off[0] + r) * T + off[1] + t;
-      block_ok = block_ok && in[r * ext[1] + t] == want.inputs[g] && tg[r * ext[1] + t] == want.targets[g];
+      block_ok =
+          block_ok && in[r * ext[1] + t] == want.inputs[g] && tg[r * ext[1] + t] == want.targets[g];
     }
   }
   CHECK(block_ok);
@@ -154,7 +158,8 @@ TEST_CASE("on a 1-D data-parallel mesh: batch<\"dp\">") {
     const auto [inputs, targets] = s.batch<"dp">(m, step);
     const auto want = s.global_batch(step);
     CHECK(inputs.local_extents()[0] == balanced_block(6, static_cast<std::size_t>(m.size(0)),
-                                                      static_cast<std::size_t>(m.coord(0))).size);
+                                                      static_cast<std::size_t>(m.coord(0)))
+                                           .size);
     CHECK(to_global(inputs) == want.inputs);
     CHECK(to_global(targets) == want.targets);
   }
@@ -170,7 +175,8 @@ TEST_CASE("errors") {
     batch_sampler(few, 2, 4, 0);
   } catch (const shape_error& e) {
     CHECK(std::string(e.what()) ==
-          "zest: batch_sampler: a sequence of length 4 needs 5 tokens (inputs and the next-token targets), "
+          "zest: batch_sampler: a sequence of length 4 needs 5 tokens (inputs and the next-token "
+          "targets), "
           "the text has 4");
   }
   // A window of exactly the whole text: one start, 0.

@@ -73,7 +73,8 @@ TEST_CASE("the default corpus: Debian's license texts, read whole, in name order
   std::ifstream first(d.files().front(), std::ios::binary);
   std::string head(64, '\0');
   first.read(head.data(), static_cast<std::streamsize>(head.size()));
-  CHECK(d.text().substr(0, static_cast<std::size_t>(first.gcount())) == head.substr(0, static_cast<std::size_t>(first.gcount())));
+  CHECK(d.text().substr(0, static_cast<std::size_t>(first.gcount())) ==
+        head.substr(0, static_cast<std::size_t>(first.gcount())));
 
   // Non-trivial: an English text's alphabet, and an entropy like English letters'.
   CHECK(d.vocab_size() >= 60);
@@ -124,7 +125,8 @@ TEST_CASE("the split: the last 10% validates, rounded") {
   // The default corpus: n - round(n / 10) training tokens.
   const auto c = text_dataset::from_path();
   const auto n = c.tokens().size();
-  CHECK(c.validation().size() == static_cast<std::size_t>(std::llround(static_cast<double>(n) * 0.1)));
+  CHECK(c.validation().size() ==
+        static_cast<std::size_t>(std::llround(static_cast<double>(n) * 0.1)));
   CHECK(c.train().size() + c.validation().size() == n);
 }
 
@@ -142,7 +144,8 @@ TEST_CASE("vocabulary and unigram entropy of \"abracadabra\", by hand") {
   CHECK(h.bits == doctest::Approx(2.0403733936884962).epsilon(1e-12));
   // The entropy is that of the training part only: "aaaab" + validation "bbbbb".
   const auto e = text_dataset::from_text("aaaabbbbbb", "split", 0.5);
-  CHECK(e.unigram_entropy().bits == doctest::Approx(-(0.8 * std::log2(0.8) + 0.2 * std::log2(0.2))));
+  CHECK(e.unigram_entropy().bits ==
+        doctest::Approx(-(0.8 * std::log2(0.8) + 0.2 * std::log2(0.2))));
   // One symbol: zero.
   CHECK(text_dataset::from_text("zzzz", "z", 0.0).unigram_entropy().nats == 0.0);
 }
@@ -165,9 +168,7 @@ TEST_CASE("errors name the path and the fix") {
   what = error_of([&] { (void)text_dataset::from_path(dir.path); });
   CHECK(what.find(dir.path.string()) != std::string::npos);
   CHECK(what.find("is empty (0 files, 0 bytes)") != std::string::npos);
-  {
-    std::ofstream(dir.path / "empty.txt");
-  }
+  { std::ofstream(dir.path / "empty.txt"); }
   what = error_of([&] { (void)text_dataset::from_path(dir.path / "empty.txt"); });
   CHECK(what.find("empty.txt' is empty") != std::string::npos);
   CHECK_THROWS_AS((void)text_dataset::from_path(dir.path), std::runtime_error);

@@ -78,7 +78,8 @@ constexpr layout_value combo_layout() {
 }
 
 template <class T, fixed_string Spec, std::size_t I, int Combo>
-using operand_t = basic_tensor<T, einsum_mesh, term_dims<Spec, I>(), combo_layout<Spec, I, Combo>()>;
+using operand_t =
+    basic_tensor<T, einsum_mesh, term_dims<Spec, I>(), combo_layout<Spec, I, Combo>()>;
 
 // Runs einsum<Spec, Options...> on the combo's operands and compares with the reference.
 template <class T, fixed_string Spec, int Combo, class O1 = void, class O2 = void>
@@ -86,20 +87,24 @@ void check_einsum(const einsum_mesh& m, std::mt19937& rng, double tolerance) {
   constexpr einsum_spec s = spec_of<Spec>;
   std::array<std::size_t, 128> extent{};
   for (std::size_t i = 0; i < s.operand_count; ++i)
-    for (std::size_t k = 0; k < s.inputs[i].size; ++k) extent[static_cast<unsigned char>(s.inputs[i].letters[k])] = 1 + rng() % 6;
+    for (std::size_t k = 0; k < s.inputs[i].size; ++k)
+      extent[static_cast<unsigned char>(s.inputs[i].letters[k])] = 1 + rng() % 6;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     auto ops = std::make_tuple(make_tensor<operand_t<T, Spec, I, Combo>>(
         m,
         [&] {
           typename operand_t<T, Spec, I, Combo>::extents_type e{};
-          for (std::size_t k = 0; k < s.inputs[I].size; ++k) e[k] = extent[static_cast<unsigned char>(s.inputs[I].letters[k])];
+          for (std::size_t k = 0; k < s.inputs[I].size; ++k)
+            e[k] = extent[static_cast<unsigned char>(s.inputs[I].letters[k])];
           return e;
         }(),
         static_cast<std::uint32_t>(11 + I))...);
     std::vector<dense> in;
-    (in.push_back(dense{s.inputs[I].view(),
-                        std::vector<std::size_t>(std::get<I>(ops).extents().begin(), std::get<I>(ops).extents().end()),
-                        global_values(std::get<I>(ops).extents(), static_cast<std::uint32_t>(11 + I))}),
+    (in.push_back(
+         dense{s.inputs[I].view(),
+               std::vector<std::size_t>(std::get<I>(ops).extents().begin(),
+                                        std::get<I>(ops).extents().end()),
+               global_values(std::get<I>(ops).extents(), static_cast<std::uint32_t>(11 + I))}),
      ...);
     std::vector<std::size_t> out_extents;
     const auto want = reference_einsum(s, in, out_extents);
@@ -112,7 +117,8 @@ void check_einsum(const einsum_mesh& m, std::mt19937& rng, double tolerance) {
     CHECK(stats.calls() == report.collectives());
     CHECK(std::vector<std::size_t>(y.extents().begin(), y.extents().end()) == out_extents);
     CHECK(relative_error(to_global(y), want) < tolerance);
-  }(std::make_index_sequence<s.operand_count>{});
+  }
+  (std::make_index_sequence<s.operand_count>{});
 }
 
 // All combos, both policies, and two forced output layouts, at every mesh shape.

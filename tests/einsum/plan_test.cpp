@@ -39,18 +39,21 @@ static_assert(plan2<"bsh,hm->bsm", t<"bsh">, w_h>.result == lv<"bsm", layout<par
 using x_p = t<"bsm", layout<partial<"tp">>>;
 static_assert(plan2<"bsm,mh->bsh", x_p, w_rep>.result == lv<"bsh", layout<partial<"tp">>>);
 // ... and an operand split on that axis is gathered, since partial x split is not a product of sums.
-static_assert(plan2<"bsm,mh->bsh", x_p, w_col>.operand_steps[1].count_of(step_kind::all_gather) == 1);
+static_assert(plan2<"bsm,mh->bsh", x_p, w_col>.operand_steps[1].count_of(step_kind::all_gather) ==
+              1);
 
 // Rule 5, ZeRO-3: the weight stored split over dp is gathered on use (gather_weights).
 using w_zero = t<"mh", layout<split<'m', "dp">>>;
 constexpr auto zero3 = plan2<"bsm,mh->bsh", x_dp, w_zero>;
 static_assert(zero3.operand_steps[0].size() == 0);
-static_assert(zero3.operand_steps[1].size() == 1 && zero3.operand_steps[1][0].kind == step_kind::all_gather);
+static_assert(zero3.operand_steps[1].size() == 1 &&
+              zero3.operand_steps[1][0].kind == step_kind::all_gather);
 static_assert(zero3.result == lv<"bsh", layout<split<'b', "dp">>>);
 // The same conflict under keep_weights: the activation moves (all-to-all b -> m), output partial.
 constexpr auto megatron = plan2<"bsm,mh->bsh", x_dp, w_zero, keep_weights>;
 static_assert(megatron.operand_steps[1].size() == 0);
-static_assert(megatron.operand_steps[0].size() == 1 && megatron.operand_steps[0][0].kind == step_kind::all_to_all);
+static_assert(megatron.operand_steps[0].size() == 1 &&
+              megatron.operand_steps[0][0].kind == step_kind::all_to_all);
 static_assert(megatron.result == lv<"bsh", layout<partial<"dp">>>);
 
 // ZeRO-3 backward: the weight gradient "bsm,bsh->mh" comes out partial over dp, and forcing
@@ -58,15 +61,16 @@ static_assert(megatron.result == lv<"bsh", layout<partial<"dp">>>);
 using dy = t<"bsh", layout<split<'b', "dp">>>;
 static_assert(plan2<"bsm,bsh->mh", x_dp, dy>.result == lv<"mh", layout<partial<"dp">>>);
 constexpr auto grad = plan2<"bsm,bsh->mh", x_dp, dy, layout<split<'m', "dp">>>;
-static_assert(grad.output_steps.size() == 1 && grad.output_steps[0].kind == step_kind::reduce_scatter);
+static_assert(grad.output_steps.size() == 1 &&
+              grad.output_steps[0].kind == step_kind::reduce_scatter);
 static_assert(grad.result == lv<"mh", layout<split<'m', "dp">>>);
 
 // GShard: dispatch keeps the group split; the all-to-all comes from resharding G -> E.
 using mask = t<"GSEC", layout<split<'G', "dp">>>;
 using tokens = t<"GSM", layout<split<'G', "dp">>>;
 static_assert(plan2<"GSEC,GSM->EGCM", mask, tokens>.result == lv<"EGCM", layout<split<'G', "dp">>>);
-static_assert(redistribute_plan<t<"EGCM", layout<split<'G', "dp">>>, layout<split<'E', "dp">>>[0].kind ==
-              step_kind::all_to_all);
+static_assert(redistribute_plan<t<"EGCM", layout<split<'G', "dp">>>, layout<split<'E', "dp">>>[0]
+                  .kind == step_kind::all_to_all);
 
 // Options may come in either order.
 static_assert(plan2<"bsm,bsh->mh", x_dp, dy, keep_weights, layout<split<'m', "dp">>>.result ==
@@ -75,8 +79,10 @@ static_assert(plan2<"bsm,bsh->mh", x_dp, dy, keep_weights, layout<split<'m', "dp
 static_assert(plan2<"bsm,mh->bsh", x_dp, w_rep, no_communication<>>.collectives() == 0);
 
 // One-operand einsums: transpose keeps splits, a sum over a split dim becomes partial.
-static_assert(einsum_plan_of<"bsm->msb", void, void, x_dp>.result == lv<"msb", layout<split<'b', "dp">>>);
-static_assert(einsum_plan_of<"bsm->sm", void, void, x_dp>.result == lv<"sm", layout<partial<"dp">>>);
+static_assert(einsum_plan_of<"bsm->msb", void, void, x_dp>.result ==
+              lv<"msb", layout<split<'b', "dp">>>);
+static_assert(einsum_plan_of<"bsm->sm", void, void, x_dp>.result ==
+              lv<"sm", layout<partial<"dp">>>);
 
 TEST_CASE("explain prints each collective with its axis") {
   mesh_t m;

@@ -10,7 +10,8 @@ using namespace zest;
 
 constexpr einsum_spec mm = parse_einsum("ik,kj->ij");
 static_assert(mm.ok() && mm.operand_count == 2);
-static_assert(mm.inputs[0].view() == "ik" && mm.inputs[1].view() == "kj" && mm.output.view() == "ij");
+static_assert(mm.inputs[0].view() == "ik" && mm.inputs[1].view() == "kj" &&
+              mm.output.view() == "ij");
 static_assert(mm.is_contracted('k') && !mm.is_contracted('i'));
 static_assert(parse_einsum("GSEC,GSM->EGCM").ok());
 static_assert(parse_einsum(" bsm , mh -> bsh ").output.view() == "bsh");

@@ -36,7 +36,8 @@ inline std::vector<std::array<int, 2>> mesh_shapes() {
 template <std::size_t Rank>
 double value_at(const std::array<std::size_t, Rank>& i, std::uint32_t salt = 0) {
   double v = 0.1 * salt;
-  for (std::size_t k = 0; k < Rank; ++k) v = v * 1.37 + static_cast<double>((i[k] * (7 + 3 * k) + salt) % 11) - 5.0;
+  for (std::size_t k = 0; k < Rank; ++k)
+    v = v * 1.37 + static_cast<double>((i[k] * (7 + 3 * k) + salt) % 11) - 5.0;
   return v / 8.0;
 }
 // A second pattern: the spread between summands on partial axes.
@@ -50,8 +51,9 @@ double spread_at(const std::array<std::size_t, Rank>& i) {
 // Fills a shard for layout v so that the global value is value_at(index): on partial axes
 // each rank holds a different summand (value / n_partial + (c - mid) * spread), which sum to it.
 template <class T, fixed_string Dims, class Mesh, std::size_t Rank>
-std::vector<T> make_shard(const layout_value& v, const std::array<std::size_t, Rank>& global, const Mesh& mesh,
-                          std::uint32_t salt, std::array<std::size_t, Rank>* local_out = nullptr) {
+std::vector<T> make_shard(const layout_value& v, const std::array<std::size_t, Rank>& global,
+                          const Mesh& mesh, std::uint32_t salt,
+                          std::array<std::size_t, Rank>* local_out = nullptr) {
   std::array<std::size_t, Rank> local{}, offset{};
   for (std::size_t k = 0; k < Rank; ++k) {
     const auto r = dim_range(v, Dims[k], global[k], mesh.sizes(), mesh.coords());
@@ -83,14 +85,16 @@ std::vector<T> make_shard(const layout_value& v, const std::array<std::size_t, R
 }
 
 template <class X>
-X make_tensor(const typename X::mesh_type& mesh, const typename X::extents_type& extents, std::uint32_t salt) {
+X make_tensor(const typename X::mesh_type& mesh, const typename X::extents_type& extents,
+              std::uint32_t salt) {
   auto data = make_shard<typename X::value_type, X::dims>(X::layout, extents, mesh, salt);
   return X(mesh, extents, host_vector<typename X::value_type>(data.begin(), data.end()));
 }
 
 // The global array of value_at over the extents, row-major.
 template <std::size_t Rank>
-std::vector<double> global_values(const std::array<std::size_t, Rank>& extents, std::uint32_t salt) {
+std::vector<double> global_values(const std::array<std::size_t, Rank>& extents,
+                                  std::uint32_t salt) {
   std::size_t count = 1;
   for (auto e : extents) count *= e;
   std::vector<double> out(count);
@@ -143,11 +147,13 @@ inline std::vector<double> reference_einsum(const einsum_spec& spec, const std::
     double prod = 1;
     for (const auto& t : in) {
       std::size_t off = 0;
-      for (std::size_t k = 0; k < t.labels.size(); ++k) off = off * t.extents[k] + at[static_cast<unsigned char>(t.labels[k])];
+      for (std::size_t k = 0; k < t.labels.size(); ++k)
+        off = off * t.extents[k] + at[static_cast<unsigned char>(t.labels[k])];
       prod *= t.data[off];
     }
     std::size_t o = 0;
-    for (char c : spec.output.view()) o = o * extent[static_cast<unsigned char>(c)] + at[static_cast<unsigned char>(c)];
+    for (char c : spec.output.view())
+      o = o * extent[static_cast<unsigned char>(c)] + at[static_cast<unsigned char>(c)];
     out[o] += prod;
   }
   return out;
@@ -159,7 +165,8 @@ double relative_error(const std::vector<A>& got, const std::vector<double>& want
   double scale = 1, worst = 0;
   for (double w : want) scale = std::max(scale, std::abs(w));
   if (got.size() != want.size()) return 1e30;
-  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]));
+  for (std::size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]));
   return worst / scale;
 }
 

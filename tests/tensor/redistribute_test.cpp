@@ -19,15 +19,17 @@ using mesh_t = mesh<"dp", "tp">;
 std::vector<layout_value> all_layouts() {
   std::vector<layout_value> out;
   const axis_placement options[] = {
-      {placement_kind::replicate, 0, 0}, {placement_kind::partial, 0, 0}, {placement_kind::split, 'a', 0},
-      {placement_kind::split, 'b', 0},   {placement_kind::split, 'c', 0},
+      {placement_kind::replicate, 0, 0}, {placement_kind::partial, 0, 0},
+      {placement_kind::split, 'a', 0},   {placement_kind::split, 'b', 0},
+      {placement_kind::split, 'c', 0},
   };
   for (const auto& p0 : options) {
     for (const auto& p1 : options) {
       layout_value v = replicated_layout(2);
       v.axes[0] = p0;
       v.axes[1] = p1;
-      if (p0.kind == placement_kind::split && p1.kind == placement_kind::split && p0.dim == p1.dim) {
+      if (p0.kind == placement_kind::split && p1.kind == placement_kind::split &&
+          p0.dim == p1.dim) {
         v.axes[1].order = 1;  // dp major
         out.push_back(v);
         v.axes[0].order = 1;  // tp major
@@ -40,8 +42,8 @@ std::vector<layout_value> all_layouts() {
 }
 
 template <class Mesh>
-std::uint64_t planned_bytes(const transition_plan& plan, layout_value v, const std::array<std::size_t, 3>& g,
-                            const Mesh& m, std::size_t elem) {
+std::uint64_t planned_bytes(const transition_plan& plan, layout_value v,
+                            const std::array<std::size_t, 3>& g, const Mesh& m, std::size_t elem) {
   std::uint64_t b = 0;
   for (const auto& s : plan) {
     if (is_collective(s.kind)) b += detail::step_bytes<"abc">(s, v, g, m, elem);
@@ -69,8 +71,8 @@ TEST_CASE("every layout pair round-trips values and counts the planned bytes") {
           auto data = make_shard<double, "abc">(from, g, m, 7, &local);
           const transition_plan plan = plan_transition(from, to);
           m.reset_stats();
-          auto moved = detail::run_transition<"abc">(plan, from, local, host_vector<double>(data.begin(), data.end()),
-                                                     g, m);
+          auto moved = detail::run_transition<"abc">(
+              plan, from, local, host_vector<double>(data.begin(), data.end()), g, m);
           const comm_stats stats = m.stats();
           CHECK(stats.calls() == plan.collectives());
           CHECK(stats.bytes_sent() == planned_bytes(plan, from, g, m, sizeof(double)));
@@ -79,12 +81,13 @@ TEST_CASE("every layout pair round-trips values and counts the planned bytes") {
           if (!to.any_partial()) {
             const auto expect = make_shard<double, "abc">(to, g, m, 7);
             REQUIRE(moved.size() == expect.size());
-            for (std::size_t i = 0; i < expect.size(); ++i) CHECK(moved[i] == doctest::Approx(expect[i]));
+            for (std::size_t i = 0; i < expect.size(); ++i)
+              CHECK(moved[i] == doctest::Approx(expect[i]));
           }
           std::array<std::size_t, 3> to_local{};
           (void)make_shard<double, "abc">(to, g, m, 7, &to_local);
-          const auto full = detail::run_transition<"abc">(plan_transition(to, replicated_layout(2)), to, to_local,
-                                                          std::move(moved), g, m);
+          const auto full = detail::run_transition<"abc">(plan_transition(to, replicated_layout(2)),
+                                                          to, to_local, std::move(moved), g, m);
           CHECK(relative_error(std::vector<double>(full.begin(), full.end()), want) < 1e-12);
         }
       }
@@ -110,16 +113,20 @@ TEST_CASE("byte counters equal DESIGN.md's formula for each transition (even ext
     const auto xa = make_tensor<x_a>(m, g, 1);
     const auto xp = make_tensor<x_p>(m, g, 2);
     const auto xr = make_tensor<x_rep>(m, g, 3);
-    CHECK(bytes([&] { (void)redistribute<layout<>>(xa); }) == (n - 1) * S / n);                      // all-gather
-    CHECK(bytes([&] { (void)redistribute<layout<>>(xp); }) == 2 * (n - 1) * S / n);                  // all-reduce
-    CHECK(bytes([&] { (void)redistribute<layout<split<'b', "dp">>>(xp); }) == (n - 1) * S / n);      // reduce-scatter
-    CHECK(bytes([&] { (void)redistribute<layout<split<'b', "dp">>>(xa); }) == (n - 1) * S / n / n);  // all-to-all
-    CHECK(bytes([&] { (void)redistribute<layout<split<'a', "dp">>>(xr); }) == 0);                    // slice
-    CHECK(bytes([&] { (void)redistribute<layout<partial<"dp">>>(xr); }) == 0);                       // keep on one rank
-    CHECK(bytes([&] { (void)redistribute<layout<split<'a', "dp">>>(xa); }) == 0);                    // nothing to do
+    CHECK(bytes([&] { (void)redistribute<layout<>>(xa); }) == (n - 1) * S / n);      // all-gather
+    CHECK(bytes([&] { (void)redistribute<layout<>>(xp); }) == 2 * (n - 1) * S / n);  // all-reduce
+    CHECK(bytes([&] { (void)redistribute<layout<split<'b', "dp">>>(xp); }) ==
+          (n - 1) * S / n);  // reduce-scatter
+    CHECK(bytes([&] { (void)redistribute<layout<split<'b', "dp">>>(xa); }) ==
+          (n - 1) * S / n / n);                                                    // all-to-all
+    CHECK(bytes([&] { (void)redistribute<layout<split<'a', "dp">>>(xr); }) == 0);  // slice
+    CHECK(bytes([&] { (void)redistribute<layout<partial<"dp">>>(xr); }) == 0);  // keep on one rank
+    CHECK(bytes([&] { (void)redistribute<layout<split<'a', "dp">>>(xa); }) == 0);  // nothing to do
     // And the typed results hold the right values.
-    CHECK(relative_error(to_global(redistribute<layout<split<'b', "dp">>>(xa)), global_values(g, 1)) < 1e-6);
-    CHECK(relative_error(to_global(redistribute<layout<split<'c', "dp">>>(xp)), global_values(g, 2)) < 1e-6);
+    CHECK(relative_error(to_global(redistribute<layout<split<'b', "dp">>>(xa)),
+                         global_values(g, 1)) < 1e-6);
+    CHECK(relative_error(to_global(redistribute<layout<split<'c', "dp">>>(xp)),
+                         global_values(g, 2)) < 1e-6);
     static_assert(std::is_same_v<decltype(redistribute<layout<split<'b', "dp">>>(xa)), x_b>);
   }
 }
@@ -131,7 +138,9 @@ TEST_CASE("uneven splits: 50257 over the whole mesh, and chained transitions") {
     const std::array<std::size_t, 1> g{50257};
     const auto v = make_tensor<v_t>(m, g, 5);
     const int world = m.world_size();
-    CHECK(v.local_count() == balanced_block(50257, static_cast<std::size_t>(world), static_cast<std::size_t>(m.rank())).size);
+    CHECK(v.local_count() ==
+          balanced_block(50257, static_cast<std::size_t>(world), static_cast<std::size_t>(m.rank()))
+              .size);
     CHECK(relative_error(to_global(v), global_values(g, 5)) < 1e-6);
     // split(v:dp,tp) -> split(v:tp,dp) -> partial(dp) split(v:tp) -> replicate
     auto a = redistribute<layout<split<'v', "tp", "dp">>>(v);

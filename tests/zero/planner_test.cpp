@@ -42,7 +42,8 @@ static_assert(std::is_same_v<zero_stage<1>::gradient_buffer_layout<"mh">, layout
 static_assert(std::is_same_v<zero_stage<0>::kept_gradient_layout<"mh">, layout<>>);
 
 // The split rule chooses the dim; another data axis name and another mesh position work.
-static_assert(zero_stage<3, "dp", split_last_dim>::layouts<dp_mesh, "mh">.stored == lv<layout<split<'h', "dp">>>);
+static_assert(zero_stage<3, "dp", split_last_dim>::layouts<dp_mesh, "mh">.stored ==
+              lv<layout<split<'h', "dp">>>);
 static_assert(zero_stage<3, "data">::layouts<mesh_shape<"data">, "v">.stored ==
               layout_value_of<mesh_shape<"data">, "v", layout<split<'v', "data">>>);
 static_assert(zero_stage<3>::layouts<tp_dp_mesh, "mh">.stored.splits(1, 'm'));
@@ -51,7 +52,8 @@ static_assert(zero_stage<2>::layouts<tp_dp_mesh, "mh">.gradient.is_partial(1));
 static_assert(zero_stage<2>::layouts<tp_dp_mesh, "mh">.gradient.is_replicate(0));
 
 static_assert(is_zero_stage_v<zero_stage<2>> && !is_zero_stage_v<int>);
-static_assert(!zero_stage<0>::partitions_optimizer_state && zero_stage<1>::partitions_optimizer_state);
+static_assert(!zero_stage<0>::partitions_optimizer_state &&
+              zero_stage<1>::partitions_optimizer_state);
 static_assert(!zero_stage<1>::partitions_gradients && zero_stage<2>::partitions_gradients);
 static_assert(!zero_stage<2>::partitions_parameters && zero_stage<3>::partitions_parameters);
 
@@ -61,7 +63,9 @@ constexpr transition_plan phase(zero_phase p) {
   const zero_transfer t = transfer_of(lay<K>, p);
   return plan_transition(t.from, t.to);
 }
-constexpr bool only(const transition_plan& p, step_kind k) { return p.size() == 1 && p[0].kind == k; }
+constexpr bool only(const transition_plan& p, step_kind k) {
+  return p.size() == 1 && p[0].kind == k;
+}
 
 static_assert(phase<0>(zero_phase::forward_gather).size() == 0);
 static_assert(only(phase<0>(zero_phase::gradient_reduction), step_kind::all_reduce));
@@ -87,7 +91,8 @@ static_assert(detail::positional_dims<3>().view() == "abc");
 constexpr std::uint64_t k_bytes = 12;
 
 // DESIGN.md's memory formula in integers (psi divisible by n).
-std::uint64_t formula_memory(int stage, std::uint64_t psi, std::uint64_t n, const training_precision& pr) {
+std::uint64_t formula_memory(int stage, std::uint64_t psi, std::uint64_t n,
+                             const training_precision& pr) {
   const std::uint64_t p = pr.parameter_bytes, g = pr.gradient_bytes, k = pr.k();
   switch (stage) {
     case 0: return (p + g + k) * psi;
@@ -131,7 +136,8 @@ TEST_CASE("planner: DESIGN.md's formulas exactly when N_d divides every split") 
     int n;
   };
   // 7.5B over 64 (the paper), and 4096 ranks with a Psi it divides.
-  const setting settings[] = {{1000, 1}, {8, 2}, {1'000'000, 4}, {7'500'000'000ULL, 64}, {4096ULL * 1'831'055, 4096}};
+  const setting settings[] = {
+      {1000, 1}, {8, 2}, {1'000'000, 4}, {7'500'000'000ULL, 64}, {4096ULL * 1'831'055, 4096}};
   for (const auto& pr : {mixed_precision_adam, fp32_adam}) {
     for (const auto& s : settings) {
       const dp_mesh mesh({s.n});
@@ -147,9 +153,12 @@ TEST_CASE("planner: DESIGN.md's formulas exactly when N_d divides every split") 
         // Gradients (and the optimizer) in the gradient type, parameter gathers in the parameter type.
         CHECK(p.bytes_sent() == p.elements_sent() * pr.parameter_bytes);
         // The closed form agrees in floating point as well.
-        const auto f = zero_formula(stage, static_cast<double>(s.psi), static_cast<double>(s.n), pr);
-        CHECK(static_cast<double>(p.memory.total()) == doctest::Approx(f.memory_bytes).epsilon(1e-12));
-        CHECK(static_cast<double>(p.elements_sent()) == doctest::Approx(f.elements_sent).epsilon(1e-12));
+        const auto f =
+            zero_formula(stage, static_cast<double>(s.psi), static_cast<double>(s.n), pr);
+        CHECK(static_cast<double>(p.memory.total()) ==
+              doctest::Approx(f.memory_bytes).epsilon(1e-12));
+        CHECK(static_cast<double>(p.elements_sent()) ==
+              doctest::Approx(f.elements_sent).epsilon(1e-12));
         if (s.n > 1) CHECK(p.psi_coefficient() == doctest::Approx(stage == 3 ? 3.0 : 2.0));
       }
     }
@@ -165,9 +174,10 @@ TEST_CASE("planner: which collectives each stage sends, per phase") {
   CHECK(z0.bytes_of(collective::all_reduce) == 2 * part * 2);
   CHECK(z0.collectives_summary() == "all_reduce");
   const auto z1 = plan_zero<zero_stage<1>>(model, mesh);
-  CHECK(z1.of(zero_phase::gradient_reduction).bytes_by[static_cast<std::size_t>(collective::reduce_scatter)] ==
-        part * 2);
-  CHECK(z1.of(zero_phase::parameter_update).bytes_by[static_cast<std::size_t>(collective::all_gather)] == part * 2);
+  CHECK(z1.of(zero_phase::gradient_reduction)
+            .bytes_by[static_cast<std::size_t>(collective::reduce_scatter)] == part * 2);
+  CHECK(z1.of(zero_phase::parameter_update)
+            .bytes_by[static_cast<std::size_t>(collective::all_gather)] == part * 2);
   CHECK(z1.collectives_summary() == "reduce_scatter + all_gather");
   const auto z3 = plan_zero<zero_stage<3>>(model, mesh);
   CHECK(z3.of(zero_phase::forward_gather).bytes == part * 2);
@@ -192,13 +202,15 @@ TEST_CASE("planner: the ZeRO paper's example, Psi = 7.5B, N_d = 64, K = 12") {
   // 120 GB baseline, then 31.4 / 16.6 / 1.9 GB (decimal, as the paper prints them).
   const double paper[] = {120, 31.4, 16.6, 1.9};
   const int digits[] = {0, 1, 1, 1};
-  const std::uint64_t exact[] = {120'000'000'000ULL, 31'406'250'000ULL, 16'640'625'000ULL, 1'875'000'000ULL};
+  const std::uint64_t exact[] = {120'000'000'000ULL, 31'406'250'000ULL, 16'640'625'000ULL,
+                                 1'875'000'000ULL};
   for (int stage = 0; stage <= 3; ++stage) {
     CAPTURE(stage);
     const auto p = plan_zero(stage, model, mesh);
     CHECK(p.memory.total() == exact[stage]);
     const double scale = std::pow(10.0, digits[stage]);
-    CHECK(std::round(static_cast<double>(p.memory.total()) / 1e9 * scale) == std::round(paper[stage] * scale));
+    CHECK(std::round(static_cast<double>(p.memory.total()) / 1e9 * scale) ==
+          std::round(paper[stage] * scale));
   }
 }
 

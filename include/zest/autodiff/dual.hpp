@@ -87,7 +87,8 @@ constexpr auto axis_name() {
 }
 
 template <class Mesh, layout_value L, char Dim, std::size_t... K>
-constexpr auto split_of(std::index_sequence<K...>) -> split<Dim, axis_name<Mesh, L.split_axis(Dim, K)>()...>;
+constexpr auto split_of(std::index_sequence<K...>)
+    -> split<Dim, axis_name<Mesh, L.split_axis(Dim, K)>()...>;
 
 // The placements that mesh axis A contributes: none for replicate and for the inner axes
 // of a nested split (they are written with the split's first axis).
@@ -97,7 +98,8 @@ constexpr auto placements_of_axis() {
   if constexpr (p.kind == placement_kind::partial) {
     return std::tuple<partial<axis_name<Mesh, A>()>>{};
   } else if constexpr (p.kind == placement_kind::split && p.order == 0) {
-    return std::tuple<decltype(split_of<Mesh, L, p.dim>(std::make_index_sequence<L.split_count(p.dim)>{}))>{};
+    return std::tuple<decltype(split_of<Mesh, L, p.dim>(
+        std::make_index_sequence<L.split_count(p.dim)>{}))>{};
   } else {
     return std::tuple<>{};
   }
@@ -111,8 +113,8 @@ struct layout_from_tuple<std::tuple<P...>> {
 };
 
 template <class Mesh, layout_value L, std::size_t... A>
-auto layout_type_of(std::index_sequence<A...>)
-    -> typename layout_from_tuple<decltype(std::tuple_cat(placements_of_axis<Mesh, L, A>()...))>::type;
+auto layout_type_of(std::index_sequence<A...>) ->
+    typename layout_from_tuple<decltype(std::tuple_cat(placements_of_axis<Mesh, L, A>()...))>::type;
 
 }  // namespace detail
 
@@ -120,7 +122,8 @@ auto layout_type_of(std::index_sequence<A...>)
 // dependent (g++ 12 crashes on aliases given a dependent class-type argument).
 template <class Mesh, layout_value L>
 struct layout_type_for {
-  using type = decltype(detail::layout_type_of<Mesh, L>(std::make_index_sequence<Mesh::axis_count>{}));
+  using type =
+      decltype(detail::layout_type_of<Mesh, L>(std::make_index_sequence<Mesh::axis_count>{}));
 };
 template <class Mesh, layout_value L>
 using layout_type_of = typename layout_type_for<Mesh, L>::type;

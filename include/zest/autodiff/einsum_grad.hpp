@@ -110,7 +110,9 @@ constexpr spec_text term_text(const einsum_term& t) {
 template <fixed_string Spec, std::size_t I>
 struct einsum_gradient {
   static constexpr einsum_spec forward = parse_einsum(Spec.view());
-  static_assert(forward.ok(), "zest autodiff: the forward einsum spec does not parse (see zest::einsum's message)");
+  static_assert(
+      forward.ok(),
+      "zest autodiff: the forward einsum spec does not parse (see zest::einsum's message)");
   static_assert(I < forward.operand_count, "zest autodiff: no such operand in the einsum");
 
   static constexpr spec_text text = gradient_spec_text(forward, I);
@@ -136,7 +138,8 @@ struct backward_policy {
 
 // The partial axes of every layout but in[skip], as a layout (the rest replicated).
 template <std::size_t N>
-constexpr layout_value partial_axes_of_others(const std::array<layout_value, N>& in, std::size_t skip) {
+constexpr layout_value partial_axes_of_others(const std::array<layout_value, N>& in,
+                                              std::size_t skip) {
   layout_value v = replicated_layout(in[0].axis_count);
   for (std::size_t j = 0; j < N; ++j) {
     if (j == skip) continue;
@@ -185,11 +188,14 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
           return (std::get<J>(args));
         }
       }()...);
-    }(std::index_sequence_for<X...>{});
+    }
+    (std::index_sequence_for<X...>{});
   };
 
   if constexpr (!g::broadcasts) {
-    return operands([&](const auto&... ops) { return call.template operator()<typename layout_type_for<mesh_t, want>::type>(ops...); });
+    return operands([&](const auto&... ops) {
+      return call.template operator()<typename layout_type_for<mesh_t, want>::type>(ops...);
+    });
   } else {
     const target_t& target = std::get<I>(std::forward_as_tuple(xs...));
     if constexpr (g::reduced_dims.size() == 0) {
@@ -198,22 +204,29 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
         if constexpr (sizeof...(X) == 1) {
           return (dy_ready);  // "A->": the incoming gradient is the scalar ("->" is no spec)
         } else {
-          return operands([&](const auto&... ops) { return call.template operator()<void>(ops...); });
+          return operands(
+              [&](const auto&... ops) { return call.template operator()<void>(ops...); });
         }
       }();
       // Each rank's summand (or copy) of the scalar goes to every element it holds.
       constexpr layout_value scalar_layout = std::remove_cvref_t<decltype(scalar)>::layout;
       using filled_t = typename detail::relayout<target_t, scalar_layout>::type;
       filled_t filled(target.mesh(), target.extents());
-      backend_of<mesh_t>::fill(filled.local().data(), filled.local_count(), scalar.local_to_host()[0]);
+      backend_of<mesh_t>::fill(filled.local().data(), filled.local_count(),
+                               scalar.local_to_host()[0]);
       return redistribute_to<want>(std::move(filled));
     } else {
-      using ones_t = basic_tensor<value_t, mesh_t, g::ones_dims, replicated_layout(mesh_t::axis_count)>;
+      using ones_t =
+          basic_tensor<value_t, mesh_t, g::ones_dims, replicated_layout(mesh_t::axis_count)>;
       typename ones_t::extents_type ones_extents{};
-      for (std::size_t k = 0; k < ones_t::rank; ++k) ones_extents[k] = target.extent(g::ones_dims[k]);
-      const auto ones = ones_t::generate(target.mesh(), ones_extents, [](const auto&) { return value_t(1); });
-      auto reduced = operands([&](const auto&... ops) { return call.template operator()<void>(ops...); });
-      return zest::einsum<g::broadcast_spec, policy, typename layout_type_for<mesh_t, want>::type>(reduced, ones);
+      for (std::size_t k = 0; k < ones_t::rank; ++k)
+        ones_extents[k] = target.extent(g::ones_dims[k]);
+      const auto ones =
+          ones_t::generate(target.mesh(), ones_extents, [](const auto&) { return value_t(1); });
+      auto reduced =
+          operands([&](const auto&... ops) { return call.template operator()<void>(ops...); });
+      return zest::einsum<g::broadcast_spec, policy, typename layout_type_for<mesh_t, want>::type>(
+          reduced, ones);
     }
   }
 }

@@ -21,8 +21,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <span>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -96,14 +96,17 @@ class tape {
 
 template <sharded_tensor X>
 class variable {
-  static_assert(std::is_same_v<X, std::remove_cvref_t<X>>, "zest autodiff: variable<X> takes a plain tensor type");
+  static_assert(std::is_same_v<X, std::remove_cvref_t<X>>,
+                "zest autodiff: variable<X> takes a plain tensor type");
 
  public:
   using tensor_type = X;
   using gradient_type = dual_tensor<X>;
 
   variable(tape& owner, X value, bool requires_grad)
-      : tape_(&owner), node_(std::make_shared<detail::node<X>>(detail::node<X>{std::move(value), requires_grad, {}})) {}
+      : tape_(&owner),
+        node_(std::make_shared<detail::node<X>>(
+            detail::node<X>{std::move(value), requires_grad, {}})) {}
 
   const X& value() const { return node_->value; }
   bool requires_grad() const { return node_->requires_grad; }
@@ -111,8 +114,10 @@ class variable {
   // The gradient after backward(), in the dual layout of the value.
   const gradient_type& grad() const {
     if (!node_->grad) {
-      throw std::logic_error("zest autodiff: this variable has no gradient (not a parameter, not reached by backward(), "
-                        "or backward() not run)");
+      throw std::logic_error(
+          "zest autodiff: this variable has no gradient (not a parameter, not reached by "
+          "backward(), "
+          "or backward() not run)");
     }
     return *node_->grad;
   }
@@ -151,9 +156,10 @@ struct partial_operand {
 };
 template <class X, class Y>
 struct elementwise_mismatch {
-  static_assert(always_false<X>,
-                "zest autodiff: an elementwise operation needs operands with the same dims, element "
-                "type and mesh (both shown above). Fix: einsum<\"...\"> to transpose or broadcast.");
+  static_assert(
+      always_false<X>,
+      "zest autodiff: an elementwise operation needs operands with the same dims, element "
+      "type and mesh (both shown above). Fix: einsum<\"...\"> to transpose or broadcast.");
 };
 }  // namespace autodiff_error
 
@@ -214,7 +220,8 @@ constexpr bool check_elementwise() {
     (void)autodiff_error::elementwise_mismatch<X, Y>{};
     return false;
   } else {
-    static_assert(on_host<X>, "zest autodiff: elementwise operations run on the host backend for now");
+    static_assert(on_host<X>,
+                  "zest autodiff: elementwise operations run on the host backend for now");
     return true;
   }
 }
@@ -261,8 +268,10 @@ auto einsum(const variable<A>& a, const variable<B>& b) {
   if (out.requires_grad()) {
     a.owner().record([an = a.node(), bn = b.node(), on = out.node()] {
       if (!on->grad) return;
-      if (an->requires_grad) an->accumulate(einsum_operand_gradient<Spec, 0, policy>(*on->grad, an->value, bn->value));
-      if (bn->requires_grad) bn->accumulate(einsum_operand_gradient<Spec, 1, policy>(*on->grad, an->value, bn->value));
+      if (an->requires_grad)
+        an->accumulate(einsum_operand_gradient<Spec, 0, policy>(*on->grad, an->value, bn->value));
+      if (bn->requires_grad)
+        bn->accumulate(einsum_operand_gradient<Spec, 1, policy>(*on->grad, an->value, bn->value));
     });
   }
   return out;
@@ -271,7 +280,8 @@ auto einsum(const variable<A>& a, const variable<B>& b) {
 template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A>
 auto einsum(const variable<A>& a) {
   using policy = typename zest::detail::einsum_options<O1, O2>::policy;
-  auto out = detail::make_result(a.owner(), zest::einsum<Spec, O1, O2>(a.value()), a.requires_grad());
+  auto out =
+      detail::make_result(a.owner(), zest::einsum<Spec, O1, O2>(a.value()), a.requires_grad());
   if (out.requires_grad()) {
     a.owner().record([an = a.node(), on = out.node()] {
       if (on->grad) an->accumulate(einsum_operand_gradient<Spec, 0, policy>(*on->grad, an->value));
@@ -284,7 +294,8 @@ auto einsum(const variable<A>& a) {
 // other way round (all-gather <-> reduce-scatter, all-reduce <-> local zero_partial).
 template <class Layout, sharded_tensor X>
 auto redistribute(const variable<X>& x) {
-  auto out = detail::make_result(x.owner(), zest::redistribute<Layout>(x.value()), x.requires_grad());
+  auto out =
+      detail::make_result(x.owner(), zest::redistribute<Layout>(x.value()), x.requires_grad());
   if (out.requires_grad()) {
     x.owner().record([xn = x.node(), on = out.node()] {
       if (on->grad) xn->accumulate(redistribute_to<dual(X::layout)>(*on->grad));
@@ -345,13 +356,15 @@ auto operator-(const variable<X>& x, const variable<Y>& y) {
 // c * x: linear, any layout.
 template <sharded_tensor X>
 variable<X> scale(const variable<X>& x, typename X::value_type c) {
-  static_assert(detail::on_host<X>, "zest autodiff: elementwise operations run on the host backend for now");
+  static_assert(detail::on_host<X>,
+                "zest autodiff: elementwise operations run on the host backend for now");
   using T = typename X::value_type;
-  auto out = detail::make_result(x.owner(), detail::transform<X>(x.value(), [c](T v) { return c * v; }),
-                                 x.requires_grad());
+  auto out = detail::make_result(
+      x.owner(), detail::transform<X>(x.value(), [c](T v) { return c * v; }), x.requires_grad());
   if (out.requires_grad()) {
     x.owner().record([xn = x.node(), on = out.node(), c] {
-      if (on->grad) xn->accumulate(detail::transform<dual_tensor<X>>(*on->grad, [c](T g) { return c * g; }));
+      if (on->grad)
+        xn->accumulate(detail::transform<dual_tensor<X>>(*on->grad, [c](T g) { return c * g; }));
     });
   }
   return out;
@@ -376,22 +389,24 @@ auto multiply(const variable<X>& x, const variable<Y>& y) {
     using z_t = typename detail::relayout<X, meet>::type;
     auto xu = detail::as_layout<x_at>(x.value());
     auto yu = detail::as_layout<y_at>(y.value());
-    auto out = detail::make_result(x.owner(), detail::combine<z_t>(xu, yu, [](T a, T b) { return a * b; }),
-                                   x.requires_grad() || y.requires_grad());
+    auto out =
+        detail::make_result(x.owner(), detail::combine<z_t>(xu, yu, [](T a, T b) { return a * b; }),
+                            x.requires_grad() || y.requires_grad());
     if (out.requires_grad()) {
       // dz is dual(meet); times the other operand as used it is dual of this one's as used.
-      x.owner().record([xn = x.node(), yn = y.node(), on = out.node(), xu = std::move(xu), yu = std::move(yu)] {
-        if (!on->grad) return;
-        const auto mul = [](T a, T b) { return a * b; };
-        if (xn->requires_grad) {
-          xn->accumulate(redistribute_to<dual(X::layout)>(
-              detail::combine<typename detail::relayout<X, x_grad>::type>(*on->grad, yu, mul)));
-        }
-        if (yn->requires_grad) {
-          yn->accumulate(redistribute_to<dual(Y::layout)>(
-              detail::combine<typename detail::relayout<Y, y_grad>::type>(*on->grad, xu, mul)));
-        }
-      });
+      x.owner().record(
+          [xn = x.node(), yn = y.node(), on = out.node(), xu = std::move(xu), yu = std::move(yu)] {
+            if (!on->grad) return;
+            const auto mul = [](T a, T b) { return a * b; };
+            if (xn->requires_grad) {
+              xn->accumulate(redistribute_to<dual(X::layout)>(
+                  detail::combine<typename detail::relayout<X, x_grad>::type>(*on->grad, yu, mul)));
+            }
+            if (yn->requires_grad) {
+              yn->accumulate(redistribute_to<dual(Y::layout)>(
+                  detail::combine<typename detail::relayout<Y, y_grad>::type>(*on->grad, xu, mul)));
+            }
+          });
     }
     return out;
   }
@@ -405,7 +420,8 @@ auto operator*(const variable<X>& x, const variable<Y>& y) {
 // it, replicated on the others. Its gradient fills x's gradient with the scalar's gradient.
 template <sharded_tensor X>
 auto sum(const variable<X>& x) {
-  static_assert(detail::on_host<X>, "zest autodiff: elementwise operations run on the host backend for now");
+  static_assert(detail::on_host<X>,
+                "zest autodiff: elementwise operations run on the host backend for now");
   using T = typename X::value_type;
   constexpr layout_value scalar_layout = [] {
     layout_value v = X::layout;
@@ -436,11 +452,12 @@ auto sum(const variable<X>& x) {
 // which are replicated in the dual), then every recorded step in reverse.
 template <sharded_tensor L>
 void backward(const variable<L>& loss) {
-  static_assert(L::rank == 0, "zest autodiff backward: start from a scalar. Fix: sum(...) the loss first.");
+  static_assert(L::rank == 0,
+                "zest autodiff backward: start from a scalar. Fix: sum(...) the loss first.");
   using g_t = dual_tensor<L>;
   if (!loss.requires_grad()) return;
-  loss.node()->grad.emplace(
-      g_t::generate(loss.value().mesh(), {}, [](const auto&) { return typename L::value_type(1); }));
+  loss.node()->grad.emplace(g_t::generate(loss.value().mesh(), {},
+                                          [](const auto&) { return typename L::value_type(1); }));
   loss.owner().run_backward();
 }
 

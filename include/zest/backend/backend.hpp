@@ -23,7 +23,10 @@
 namespace zest {
 
 template <class B>
-concept backend = requires { B::name; typename B::template buffer<float>; };
+concept backend = requires {
+  B::name;
+  typename B::template buffer<float>;
+};
 
 struct host_backend;
 
@@ -33,7 +36,7 @@ struct backend_of_communicator {
   using type = host_backend;
 };
 template <class Comm>
-  requires requires { typename Comm::backend_type; }
+requires requires { typename Comm::backend_type; }
 struct backend_of_communicator<Comm> {
   using type = typename Comm::backend_type;
 };

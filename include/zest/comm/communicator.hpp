@@ -27,7 +27,13 @@
 
 namespace zest {
 
-enum class collective : std::uint8_t { all_gather, reduce_scatter, all_reduce, all_to_all, broadcast };
+enum class collective : std::uint8_t {
+  all_gather,
+  reduce_scatter,
+  all_reduce,
+  all_to_all,
+  broadcast
+};
 inline constexpr std::size_t collective_kinds = 5;
 
 constexpr std::string_view name_of(collective c) {

@@ -14,7 +14,7 @@ struct bfloat16 {
 
   constexpr bfloat16() = default;
   constexpr bfloat16(float f) : bits(round_from(f)) {}  // NOLINT: implicit like a float
-  constexpr operator float() const {                   // NOLINT
+  constexpr operator float() const {                    // NOLINT
     return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16U);
   }
 

@@ -17,7 +17,9 @@ struct fixed_string {
   char data[N] = {};  // includes the terminating zero
 
   constexpr fixed_string() = default;
-  constexpr fixed_string(const char (&s)[N]) { std::copy_n(s, N, data); }  // NOLINT: implicit by design
+  constexpr fixed_string(const char (&s)[N]) {
+    std::copy_n(s, N, data);
+  }  // NOLINT: implicit by design
 
   static constexpr std::size_t size() { return N - 1; }
   constexpr std::string_view view() const { return {data, N - 1}; }

@@ -32,12 +32,15 @@ inline void reset_peak() { host_counters().peak.store(host_counters().live.load(
 
 inline void note_allocated(std::size_t bytes) {
   auto& c = host_counters();
-  const std::int64_t now = c.live.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
+  const std::int64_t now =
+      c.live.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
   std::int64_t peak = c.peak.load();
   while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
   }
 }
-inline void note_freed(std::size_t bytes) { host_counters().live.fetch_sub(static_cast<std::int64_t>(bytes)); }
+inline void note_freed(std::size_t bytes) {
+  host_counters().live.fetch_sub(static_cast<std::int64_t>(bytes));
+}
 
 // A std::allocator that counts; 64-byte aligned so that vectorised kernels see aligned rows.
 template <class T>

@@ -56,17 +56,21 @@ using batch_tensor = tensor<std::int32_t, Mesh, "bt", layout<split<'b', Axis>>>;
 class batch_sampler {
  public:
   // Copies the tokens (a training text is small; the sampler cannot dangle).
-  batch_sampler(std::span<const std::int32_t> tokens, std::size_t batch_size, std::size_t sequence_length,
-                std::uint64_t seed)
-      : tokens_(tokens.begin(), tokens.end()), batch_size_(batch_size), length_(sequence_length), seed_(seed) {
+  batch_sampler(std::span<const std::int32_t> tokens, std::size_t batch_size,
+                std::size_t sequence_length, std::uint64_t seed)
+      : tokens_(tokens.begin(), tokens.end()),
+        batch_size_(batch_size),
+        length_(sequence_length),
+        seed_(seed) {
     if (batch_size_ == 0 || length_ == 0) {
-      throw shape_error(detail::message("zest: batch_sampler: batch size ", batch_size_, " and sequence length ",
-                                        length_, " must both be positive"));
+      throw shape_error(detail::message("zest: batch_sampler: batch size ", batch_size_,
+                                        " and sequence length ", length_,
+                                        " must both be positive"));
     }
     if (tokens_.size() < length_ + 1) {
-      throw shape_error(detail::message("zest: batch_sampler: a sequence of length ", length_, " needs ", length_ + 1,
-                                        " tokens (inputs and the next-token targets), the text has ",
-                                        tokens_.size()));
+      throw shape_error(detail::message(
+          "zest: batch_sampler: a sequence of length ", length_, " needs ", length_ + 1,
+          " tokens (inputs and the next-token targets), the text has ", tokens_.size()));
     }
   }
 
@@ -102,11 +106,13 @@ class batch_sampler {
   //   sampler.batch<zest::layout<>>(local, k)                       // whole batch, one process
   //   sampler.batch<zest::layout<zest::split<'b', "dp">>>(mesh, k)  // as batch<"dp">(mesh, k)
   template <class Layout, class Mesh>
-  token_batch<tensor<std::int32_t, Mesh, "bt", Layout>> batch(const Mesh& mesh, std::uint64_t step) const {
+  token_batch<tensor<std::int32_t, Mesh, "bt", Layout>> batch(const Mesh& mesh,
+                                                              std::uint64_t step) const {
     using tokens_t = tensor<std::int32_t, Mesh, "bt", Layout>;
-    static_assert(!tokens_t::layout.any_partial(),
-                  "zest batch_sampler::batch: token ids cannot be a partial sum; use split<'b', \"dp\"> "
-                  "or replicate on that axis");
+    static_assert(
+        !tokens_t::layout.any_partial(),
+        "zest batch_sampler::batch: token ids cannot be a partial sum; use split<'b', \"dp\"> "
+        "or replicate on that axis");
     return {fill<tokens_t>(mesh, step, 0), fill<tokens_t>(mesh, step, 1)};
   }
 

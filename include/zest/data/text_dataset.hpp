@@ -56,13 +56,15 @@ class text_dataset {
   // Reads a file, or every regular file of a directory (not recursive, sorted by name,
   // symbolic links skipped). Throws std::runtime_error naming the path when it is missing,
   // unreadable, or holds no text.
-  static text_dataset from_path(const std::filesystem::path& path = std::filesystem::path(default_corpus),
-                                double validation_fraction = default_validation_fraction) {
+  static text_dataset from_path(
+      const std::filesystem::path& path = std::filesystem::path(default_corpus),
+      double validation_fraction = default_validation_fraction) {
     std::error_code ec;
     const auto status = std::filesystem::status(path, ec);
     if (ec || !std::filesystem::exists(status)) {
-      throw std::runtime_error(detail::message("zest: text_dataset: corpus '", path.string(),
-                                               "' does not exist; give a text file or a directory of them"));
+      throw std::runtime_error(
+          detail::message("zest: text_dataset: corpus '", path.string(),
+                          "' does not exist; give a text file or a directory of them"));
     }
     std::vector<std::filesystem::path> files;
     if (std::filesystem::is_directory(status)) {
@@ -71,8 +73,8 @@ class text_dataset {
         files.push_back(entry.path());
       }
       if (ec) {
-        throw std::runtime_error(detail::message("zest: text_dataset: cannot list directory '", path.string(),
-                                                 "': ", ec.message()));
+        throw std::runtime_error(detail::message("zest: text_dataset: cannot list directory '",
+                                                 path.string(), "': ", ec.message()));
       }
       std::sort(files.begin(), files.end());
     } else {
@@ -81,9 +83,9 @@ class text_dataset {
     std::string text;
     for (const auto& file : files) text += read_file(file);
     if (text.empty()) {
-      throw std::runtime_error(detail::message("zest: text_dataset: corpus '", path.string(), "' is empty (",
-                                               files.size(), files.size() == 1 ? " file" : " files",
-                                               ", 0 bytes); it needs some text"));
+      throw std::runtime_error(detail::message(
+          "zest: text_dataset: corpus '", path.string(), "' is empty (", files.size(),
+          files.size() == 1 ? " file" : " files", ", 0 bytes); it needs some text"));
     }
     text_dataset d(std::move(text), path.string(), validation_fraction);
     d.files_ = std::move(files);
@@ -94,7 +96,8 @@ class text_dataset {
   static text_dataset from_text(std::string text, std::string name = "<memory>",
                                 double validation_fraction = default_validation_fraction) {
     if (text.empty()) {
-      throw std::runtime_error(detail::message("zest: text_dataset: text '", name, "' is empty; it needs some text"));
+      throw std::runtime_error(
+          detail::message("zest: text_dataset: text '", name, "' is empty; it needs some text"));
     }
     return text_dataset(std::move(text), std::move(name), validation_fraction);
   }
@@ -117,7 +120,8 @@ class text_dataset {
   std::int32_t encode(char c) const {
     const std::int32_t id = id_of_[static_cast<unsigned char>(c)];
     if (id < 0) {
-      throw shape_error(detail::message("zest: text_dataset::encode: byte ", static_cast<int>(static_cast<unsigned char>(c)),
+      throw shape_error(detail::message("zest: text_dataset::encode: byte ",
+                                        static_cast<int>(static_cast<unsigned char>(c)),
                                         " does not occur in corpus '", source_, "'"));
     }
     return id;
@@ -133,8 +137,9 @@ class text_dataset {
     out.reserve(ids.size());
     for (std::int32_t id : ids) {
       if (id < 0 || static_cast<std::size_t>(id) >= vocabulary_.size()) {
-        throw shape_error(detail::message("zest: text_dataset::decode: token id ", id, " is outside the vocabulary [0, ",
-                                          vocabulary_.size(), ")"));
+        throw shape_error(detail::message("zest: text_dataset::decode: token id ", id,
+                                          " is outside the vocabulary [0, ", vocabulary_.size(),
+                                          ")"));
       }
       out += vocabulary_[static_cast<std::size_t>(id)];
     }
@@ -163,17 +168,18 @@ class text_dataset {
 
   // "/usr/share/common-licenses: 14 files, 237320 bytes, vocabulary 86, 213588 train + 23732 validation tokens"
   std::string describe() const {
-    return detail::message(source_, ": ", files_.empty() ? std::string() : std::to_string(files_.size()) + " files, ",
-                           text_.size(), " bytes, vocabulary ", vocab_size(), ", ", train().size(), " train + ",
-                           validation().size(), " validation tokens");
+    return detail::message(
+        source_, ": ", files_.empty() ? std::string() : std::to_string(files_.size()) + " files, ",
+        text_.size(), " bytes, vocabulary ", vocab_size(), ", ", train().size(), " train + ",
+        validation().size(), " validation tokens");
   }
 
  private:
   text_dataset(std::string text, std::string source, double validation_fraction)
       : source_(std::move(source)), text_(std::move(text)) {
     if (!(validation_fraction >= 0.0 && validation_fraction < 1.0)) {
-      throw shape_error(detail::message("zest: text_dataset: validation fraction ", validation_fraction,
-                                        " is outside [0, 1)"));
+      throw shape_error(detail::message("zest: text_dataset: validation fraction ",
+                                        validation_fraction, " is outside [0, 1)"));
     }
     id_of_.fill(-1);
     std::array<bool, 256> present{};
@@ -186,19 +192,21 @@ class text_dataset {
     tokens_.reserve(text_.size());
     for (char c : text_) tokens_.push_back(id_of_[static_cast<unsigned char>(c)]);
     // The last round(n * fraction) tokens validate: 237320 * 0.1 -> 23732.
-    const auto validation_size =
-        static_cast<std::size_t>(std::llround(static_cast<double>(tokens_.size()) * validation_fraction));
+    const auto validation_size = static_cast<std::size_t>(
+        std::llround(static_cast<double>(tokens_.size()) * validation_fraction));
     train_size_ = tokens_.size() - std::min(validation_size, tokens_.size());
   }
 
   static std::string read_file(const std::filesystem::path& file) {
     std::ifstream in(file, std::ios::binary);
     if (!in) {
-      throw std::runtime_error(detail::message("zest: text_dataset: cannot open '", file.string(), "'"));
+      throw std::runtime_error(
+          detail::message("zest: text_dataset: cannot open '", file.string(), "'"));
     }
     std::string s{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     if (in.bad()) {
-      throw std::runtime_error(detail::message("zest: text_dataset: error while reading '", file.string(), "'"));
+      throw std::runtime_error(
+          detail::message("zest: text_dataset: error while reading '", file.string(), "'"));
     }
     return s;
   }

@@ -51,9 +51,10 @@ struct mesh_mismatch {
 };
 template <class FirstType, std::size_t Operand, class OtherType>
 struct element_type_mismatch {
-  static_assert(always_false<FirstType>,
-                "zest einsum: operands have different element types (shown above). Fix: convert one "
-                "first.");
+  static_assert(
+      always_false<FirstType>,
+      "zest einsum: operands have different element types (shown above). Fix: convert one "
+      "first.");
 };
 template <fixed_string Spec, class Mesh, std::size_t Axis>
 struct partial_twice {
@@ -77,9 +78,11 @@ struct einsum_options {
   template <class O>
   static constexpr bool known = std::is_void_v<O> || einsum_policy<O> || is_layout_type<O>::value;
   template <class A, class B>
-  using pick_policy = std::conditional_t<einsum_policy<A>, A, std::conditional_t<einsum_policy<B>, B, gather_weights>>;
+  using pick_policy = std::conditional_t<einsum_policy<A>, A,
+                                         std::conditional_t<einsum_policy<B>, B, gather_weights>>;
   template <class A, class B>
-  using pick_layout = std::conditional_t<is_layout_type<A>::value, A, std::conditional_t<is_layout_type<B>::value, B, void>>;
+  using pick_layout = std::conditional_t<is_layout_type<A>::value, A,
+                                         std::conditional_t<is_layout_type<B>::value, B, void>>;
 
   using policy = pick_policy<O1, O2>;
   using forced_layout = pick_layout<O1, O2>;
@@ -182,7 +185,8 @@ struct einsum_traits {
     if constexpr (std::is_void_v<forced_t>) {
       return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)));
     } else {
-      constexpr layout_value forced = layout_value_of<mesh_type, output_dims<Spec, spec.output.size>(), forced_t>;
+      constexpr layout_value forced =
+          layout_value_of<mesh_type, output_dims<Spec, spec.output.size>(), forced_t>;
       return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)), &forced);
     }
   }
@@ -206,16 +210,19 @@ constexpr bool einsum_valid() {
                   "zest einsum: an option is neither a policy (gather_weights, keep_weights, "
                   "no_communication<>) nor an output layout zest::layout<...>.");
   } else if constexpr (in.problem == spec_missing_arrow) {
-    static_assert(einsum_error::always_false<O1, O2>,
-                  "zest einsum: the spec has no \"->\". Fix: name the output, e.g. einsum<\"ik,kj->ij\">.");
+    static_assert(
+        einsum_error::always_false<O1, O2>,
+        "zest einsum: the spec has no \"->\". Fix: name the output, e.g. einsum<\"ik,kj->ij\">.");
   } else if constexpr (in.problem == spec_bad_character) {
-    static_assert(einsum_error::always_false<O1, O2>,
-                  "zest einsum: the spec has a character that is not a dim letter (a-z, A-Z), ',' or "
-                  "\"->\". Fix: one letter per dim, e.g. \"bsm,mh->bsh\".");
+    static_assert(
+        einsum_error::always_false<O1, O2>,
+        "zest einsum: the spec has a character that is not a dim letter (a-z, A-Z), ',' or "
+        "\"->\". Fix: one letter per dim, e.g. \"bsm,mh->bsh\".");
   } else if constexpr (in.problem == spec_repeated_letter) {
-    static_assert(einsum_error::always_false<O1, O2>,
-                  "zest einsum: a letter repeats within one term of the spec; a tensor has each dim "
-                  "once. Fix: give the dims distinct letters (traces are not supported).");
+    static_assert(
+        einsum_error::always_false<O1, O2>,
+        "zest einsum: a letter repeats within one term of the spec; a tensor has each dim "
+        "once. Fix: give the dims distinct letters (traces are not supported).");
   } else if constexpr (in.problem == spec_output_letter) {
     static_assert(einsum_error::always_false<O1, O2>,
                   "zest einsum: an output letter appears in no operand. Fix: every output dim must "
@@ -233,7 +240,8 @@ constexpr bool einsum_valid() {
                   "zest einsum: an einsum takes one or two operands. Fix: split it into a chain of "
                   "two-operand einsums (which also makes each step's collectives explicit).");
   } else if constexpr (in.problem == mesh_mismatch) {
-    (void)einsum_error::mesh_mismatch<typename first::mesh_type, in.operand, typename operand::mesh_type>{};
+    (void)einsum_error::mesh_mismatch<typename first::mesh_type, in.operand,
+                                      typename operand::mesh_type>{};
   } else if constexpr (in.problem == element_type_mismatch) {
     (void)einsum_error::element_type_mismatch<typename first::value_type, in.operand,
                                               typename operand::value_type>{};
@@ -245,7 +253,8 @@ constexpr bool einsum_valid() {
     if constexpr (plan.problem == einsum_problem::partial_twice) {
       (void)einsum_error::partial_twice<Spec, typename traits::mesh_type, plan.problem_axis>{};
       return false;
-    } else if constexpr (!traits::options::policy::allows_communication && plan.input_collectives() != 0) {
+    } else if constexpr (!traits::options::policy::allows_communication &&
+                         plan.input_collectives() != 0) {
       static_assert(einsum_error::always_false<O1, O2>,
                     "zest einsum: this einsum needs a collective before its contraction, but the "
                     "policy no_communication forbids it. Fix: redistribute the operands first "
@@ -284,9 +293,9 @@ void check_extents(const X&... xs) {
         seen_in[u] = operand;
         extent[u] = e;
       } else if (extent[u] != e) {
-        throw shape_error(detail::message("zest: einsum \"", Spec.view(), "\": dim '", term.letters[k],
-                                          "' has extent ", extent[u], " in operand ", seen_in[u], " but ", e,
-                                          " in operand ", operand));
+        throw shape_error(detail::message(
+            "zest: einsum \"", Spec.view(), "\": dim '", term.letters[k], "' has extent ",
+            extent[u], " in operand ", seen_in[u], " but ", e, " in operand ", operand));
       }
     }
     ++operand;
@@ -319,7 +328,8 @@ auto einsum(const X&... xs) {
       auto visit = [&](const auto& x) {
         const auto& term = traits::spec.inputs[operand++];
         for (std::size_t k = 0; k < traits::spec.output.size; ++k) {
-          if (term.has(traits::spec.output.letters[k])) out_extents[k] = x.extents()[term.index(traits::spec.output.letters[k])];
+          if (term.has(traits::spec.output.letters[k]))
+            out_extents[k] = x.extents()[term.index(traits::spec.output.letters[k])];
         }
       };
       (visit(xs), ...);
@@ -330,18 +340,20 @@ auto einsum(const X&... xs) {
       std::tuple<decltype(detail::in_layout<traits::plan.operand_layouts[I]>(xs))...> ready{
           detail::in_layout<traits::plan.operand_layouts[I]>(xs)...};
       contraction_t out(mesh, out_extents, contraction_t::uninitialized);
-      const std::array<host::operand_view<value_type>, sizeof...(X)> views{host::operand_view<value_type>{
-          std::get<I>(ready).local().data(), traits::spec.inputs[I].view(),
-          std::span<const std::size_t>(std::get<I>(ready).local_extents())}...};
+      const std::array<host::operand_view<value_type>, sizeof...(X)> views{
+          host::operand_view<value_type>{
+              std::get<I>(ready).local().data(), traits::spec.inputs[I].view(),
+              std::span<const std::size_t>(std::get<I>(ready).local_extents())}...};
       backend_of<typename traits::mesh_type>::template contract<value_type>(
           std::span<const host::operand_view<value_type>>(views), traits::spec.output.view(),
-                                 out.local().data(), std::span<const std::size_t>(out.local_extents()));
+          out.local().data(), std::span<const std::size_t>(out.local_extents()));
       if constexpr (traits::plan.output_steps.size() == 0) {
         return typename traits::result_type(mesh, out.extents(), std::move(out.storage()));
       } else {
         return redistribute_to<traits::plan.result>(std::move(out));
       }
-    }(std::index_sequence_for<X...>{});
+    }
+    (std::index_sequence_for<X...>{});
   }
 }
 

@@ -35,8 +35,8 @@ enum class einsum_problem : std::uint8_t { none, partial_twice };
 struct einsum_plan {
   std::array<layout_value, max_operands> operand_layouts{};  // what each operand is brought to
   std::array<transition_plan, max_operands> operand_steps{};
-  layout_value contraction_output{};                          // layout of the local contraction's result
-  transition_plan output_steps{};                             // to a layout the caller forced
+  layout_value contraction_output{};  // layout of the local contraction's result
+  transition_plan output_steps{};     // to a layout the caller forced
   layout_value result{};
   std::uint8_t operand_count = 0;
   einsum_problem problem = einsum_problem::none;
@@ -55,7 +55,8 @@ struct einsum_plan {
 };
 
 // `ranking` lists operand indices, the one that keeps its layout first.
-constexpr einsum_plan plan_einsum(const einsum_spec& spec, const std::array<layout_value, max_operands>& in,
+constexpr einsum_plan plan_einsum(const einsum_spec& spec,
+                                  const std::array<layout_value, max_operands>& in,
                                   const std::array<std::uint8_t, max_operands>& ranking,
                                   const layout_value* forced = nullptr) {
   einsum_plan plan;
@@ -104,7 +105,8 @@ constexpr einsum_plan plan_einsum(const einsum_spec& spec, const std::array<layo
   auto place_dim = [&](layout_value& v, char d) {
     const auto u = static_cast<unsigned char>(d);
     for (std::size_t j = 0; j < claimed_count[u]; ++j) {
-      v.axes[claimed[u][j]] = axis_placement{placement_kind::split, d, static_cast<std::uint8_t>(j)};
+      v.axes[claimed[u][j]] =
+          axis_placement{placement_kind::split, d, static_cast<std::uint8_t>(j)};
     }
   };
 
@@ -112,7 +114,8 @@ constexpr einsum_plan plan_einsum(const einsum_spec& spec, const std::array<layo
     layout_value v = replicated_layout(n_axes);
     for (std::size_t k = 0; k < spec.inputs[i].size; ++k) place_dim(v, spec.inputs[i].letters[k]);
     for (std::size_t a = 0; a < n_axes; ++a) {
-      if (partial_operand[a] == static_cast<int>(i)) v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
+      if (partial_operand[a] == static_cast<int>(i))
+        v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
     }
     plan.operand_layouts[i] = v;
     plan.operand_steps[i] = plan_transition(in[i], v);
@@ -122,7 +125,8 @@ constexpr einsum_plan plan_einsum(const einsum_spec& spec, const std::array<layo
   for (std::size_t k = 0; k < spec.output.size; ++k) place_dim(out, spec.output.letters[k]);
   for (std::size_t a = 0; a < n_axes; ++a) {
     const bool contracted_split = owner[a] > partial_owner && !spec.output.has(owner[a]);
-    if (partial_operand[a] >= 0 || contracted_split) out.axes[a] = axis_placement{placement_kind::partial, 0, 0};
+    if (partial_operand[a] >= 0 || contracted_split)
+      out.axes[a] = axis_placement{placement_kind::partial, 0, 0};
   }
   plan.contraction_output = out;
   plan.result = forced ? *forced : out;

@@ -29,13 +29,16 @@ enum class spec_problem : std::uint8_t {
 constexpr std::string_view describe(spec_problem p) {
   switch (p) {
     case spec_problem::none: return "ok";
-    case spec_problem::missing_arrow: return "the spec has no \"->\"; write the output explicitly, e.g. \"ik,kj->ij\"";
-    case spec_problem::bad_character: return "dims are letters a-z, A-Z; terms are separated by ','";
+    case spec_problem::missing_arrow:
+      return "the spec has no \"->\"; write the output explicitly, e.g. \"ik,kj->ij\"";
+    case spec_problem::bad_character:
+      return "dims are letters a-z, A-Z; terms are separated by ','";
     case spec_problem::empty_operand_list: return "the spec names no operand";
     case spec_problem::too_many_operands: return "more operands than zest::max_operands";
     case spec_problem::too_many_dims: return "a term has more dims than zest::max_dims";
     case spec_problem::repeated_in_term: return "a letter repeats within one term";
-    case spec_problem::output_letter_not_in_operands: return "an output letter appears in no operand";
+    case spec_problem::output_letter_not_in_operands:
+      return "an output letter appears in no operand";
   }
   return "?";
 }

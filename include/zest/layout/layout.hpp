@@ -45,7 +45,9 @@ struct layout_value {
 
   constexpr bool operator==(const layout_value&) const = default;
 
-  constexpr bool is_replicate(std::size_t a) const { return axes[a].kind == placement_kind::replicate; }
+  constexpr bool is_replicate(std::size_t a) const {
+    return axes[a].kind == placement_kind::replicate;
+  }
   constexpr bool is_partial(std::size_t a) const { return axes[a].kind == placement_kind::partial; }
   constexpr bool is_split(std::size_t a) const { return axes[a].kind == placement_kind::split; }
   constexpr bool splits(std::size_t a, char d) const { return is_split(a) && axes[a].dim == d; }

@@ -27,8 +27,9 @@ constexpr block_range balanced_block(std::size_t extent, std::size_t parts, std:
 // The range of dim d (global extent `extent`) that the rank at `coords` holds under layout
 // v, considering only the first `levels` axes that split d (all of them by default).
 template <class Sizes, class Coords>
-constexpr block_range dim_range(const layout_value& v, char d, std::size_t extent, const Sizes& sizes,
-                                const Coords& coords, std::size_t levels = max_axes) {
+constexpr block_range dim_range(const layout_value& v, char d, std::size_t extent,
+                                const Sizes& sizes, const Coords& coords,
+                                std::size_t levels = max_axes) {
   block_range r{0, extent};
   const std::size_t n = std::min(levels, v.split_count(d));
   for (std::size_t k = 0; k < n; ++k) {
@@ -40,6 +41,5 @@ constexpr block_range dim_range(const layout_value& v, char d, std::size_t exten
   }
   return r;
 }
-
 
 }  // namespace zest

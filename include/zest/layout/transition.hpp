@@ -27,7 +27,14 @@
 
 namespace zest {
 
-enum class step_kind : std::uint8_t { all_gather, reduce_scatter, all_reduce, all_to_all, slice, zero_partial };
+enum class step_kind : std::uint8_t {
+  all_gather,
+  reduce_scatter,
+  all_reduce,
+  all_to_all,
+  slice,
+  zero_partial
+};
 
 constexpr std::string_view name_of(step_kind k) {
   switch (k) {
@@ -42,7 +49,9 @@ constexpr std::string_view name_of(step_kind k) {
 }
 
 // Whether a step talks to other ranks.
-constexpr bool is_collective(step_kind k) { return k != step_kind::slice && k != step_kind::zero_partial; }
+constexpr bool is_collective(step_kind k) {
+  return k != step_kind::slice && k != step_kind::zero_partial;
+}
 
 struct transition_step {
   step_kind kind = step_kind::slice;
@@ -76,7 +85,8 @@ struct transition_plan {
 
 namespace detail {
 // True when the splits of d in `cur` are exactly the first k splits of d in `to`.
-constexpr bool is_split_prefix(const layout_value& cur, const layout_value& to, char d, std::size_t k) {
+constexpr bool is_split_prefix(const layout_value& cur, const layout_value& to, char d,
+                               std::size_t k) {
   if (cur.split_count(d) != k || to.split_count(d) < k) return false;
   for (std::size_t j = 0; j < k; ++j) {
     if (cur.split_axis(d, j) != to.split_axis(d, j)) return false;
@@ -167,8 +177,7 @@ std::string to_string(const transition_step& s, const AxisNames& names) {
       out += s.to_dim;
       out += ')';
       break;
-    default:
-      break;
+    default: break;
   }
   return out;
 }

@@ -72,9 +72,7 @@ class basic_mesh {
   }
 
   // A mesh of one process: every axis has size 1. Needs no MPI.
-  basic_mesh()
-    requires std::constructible_from<Comm, std::string>
-  {
+  basic_mesh() requires std::constructible_from<Comm, std::string> {
     sizes_.fill(1);
     coords_.fill(0);
     for (std::size_t a = 0; a < axis_count; ++a) {
@@ -85,9 +83,8 @@ class basic_mesh {
 
 #if ZEST_HAS_MPI
   // A mesh over the ranks of `parent`. One size may be -1: it takes what the others leave.
-  basic_mesh(MPI_Comm parent, std::array<int, axis_count> sizes)
-    requires std::constructible_from<Comm, MPI_Comm, std::string>
-  {
+  basic_mesh(MPI_Comm parent, std::array<int, axis_count> sizes) requires
+      std::constructible_from<Comm, MPI_Comm, std::string> {
     int world_size = 0;
     MPI_Comm_size(parent, &world_size);
     MPI_Comm_rank(parent, &rank_);
@@ -100,7 +97,8 @@ class basic_mesh {
     for (std::size_t a = 0; a < axis_count; ++a) {
       // Ranks that agree on every other coordinate share the axis communicator.
       int color = 0;
-      for (std::size_t b = 0; b < axis_count; ++b) color = color * sizes_[b] + (b == a ? 0 : coords_[b]);
+      for (std::size_t b = 0; b < axis_count; ++b)
+        color = color * sizes_[b] + (b == a ? 0 : coords_[b]);
       MPI_Comm sub = MPI_COMM_NULL;
       MPI_Comm_split(parent, color, coords_[a], &sub);
       axes_[a] = std::make_unique<Comm>(sub, std::string(axis_names[a]));
@@ -167,16 +165,18 @@ class basic_mesh {
       if (sizes[a] == -1 && free_axis < 0) {
         free_axis = static_cast<int>(a);
       } else if (sizes[a] <= 0) {
-        throw shape_error(detail::message("zest: mesh: axis '", axis_names[a], "' has size ", sizes[a],
-                                          "; sizes must be positive (one may be -1 to take the rest)"));
+        throw shape_error(
+            detail::message("zest: mesh: axis '", axis_names[a], "' has size ", sizes[a],
+                            "; sizes must be positive (one may be -1 to take the rest)"));
       } else {
         known *= sizes[a];
       }
     }
     if (free_axis >= 0) {
       if (world % known != 0) {
-        throw shape_error(detail::message("zest: mesh: the other axes take ", known, " ranks, which does not divide the ",
-                                          world, " ranks of the communicator"));
+        throw shape_error(detail::message("zest: mesh: the other axes take ", known,
+                                          " ranks, which does not divide the ", world,
+                                          " ranks of the communicator"));
       }
       sizes[static_cast<std::size_t>(free_axis)] = world / known;
       known = world;
@@ -186,8 +186,9 @@ class basic_mesh {
       for (std::size_t a = 0; a < axis_count; ++a) {
         shape += (a ? " x " : "") + std::string(axis_names[a]) + '=' + std::to_string(sizes[a]);
       }
-      throw shape_error(detail::message("zest: mesh: ", shape, " needs ", known, " ranks, but the communicator has ",
-                                        world, "; run with mpiexec -n ", known, " or change the sizes"));
+      throw shape_error(detail::message("zest: mesh: ", shape, " needs ", known,
+                                        " ranks, but the communicator has ", world,
+                                        "; run with mpiexec -n ", known, " or change the sizes"));
     }
     return sizes;
   }

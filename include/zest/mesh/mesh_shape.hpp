@@ -26,29 +26,33 @@ class mesh_shape {
   static_assert(sizeof...(Axes) >= 1 && sizeof...(Axes) <= max_axes,
                 "zest mesh_shape: a mesh has 1 to zest::max_axes axes");
   static_assert(detail::axis_names_valid<Axes...>(),
-                "zest mesh_shape: axis names must be non-empty and distinct, e.g. mesh_shape<\"dp\", \"tp\">");
+                "zest mesh_shape: axis names must be non-empty and distinct, e.g. "
+                "mesh_shape<\"dp\", \"tp\">");
 
  public:
   static constexpr std::size_t axis_count = sizeof...(Axes);
   static constexpr std::array<std::string_view, axis_count> axis_names{Axes.view()...};
 
   // The rank at `coords` (all zeros by default) of a mesh with these sizes.
-  constexpr explicit mesh_shape(std::array<int, axis_count> sizes, std::array<int, axis_count> coords = {})
+  constexpr explicit mesh_shape(std::array<int, axis_count> sizes,
+                                std::array<int, axis_count> coords = {})
       : sizes_(sizes), coords_(coords) {
     for (std::size_t a = 0; a < axis_count; ++a) {
       if (sizes_[a] <= 0) {
-        throw shape_error(detail::message("zest: mesh_shape: axis '", axis_names[a], "' has size ", sizes_[a],
-                                          "; sizes must be positive"));
+        throw shape_error(detail::message("zest: mesh_shape: axis '", axis_names[a], "' has size ",
+                                          sizes_[a], "; sizes must be positive"));
       }
       if (coords_[a] < 0 || coords_[a] >= sizes_[a]) {
-        throw shape_error(detail::message("zest: mesh_shape: coordinate ", coords_[a], " on axis '", axis_names[a],
-                                          "' is outside [0, ", sizes_[a], ")"));
+        throw shape_error(detail::message("zest: mesh_shape: coordinate ", coords_[a], " on axis '",
+                                          axis_names[a], "' is outside [0, ", sizes_[a], ")"));
       }
     }
   }
 
   // The same mesh seen from another rank.
-  constexpr mesh_shape at(std::array<int, axis_count> coords) const { return mesh_shape(sizes_, coords); }
+  constexpr mesh_shape at(std::array<int, axis_count> coords) const {
+    return mesh_shape(sizes_, coords);
+  }
 
   constexpr int size(std::size_t axis) const { return sizes_[axis]; }
   constexpr int coord(std::size_t axis) const { return coords_[axis]; }

@@ -91,7 +91,8 @@ struct plan_report {
     } else if (b < 1024ULL * 1024) {
       s << std::fixed << std::setprecision(2) << static_cast<double>(b) / 1024.0 << " KiB";
     } else {
-      s << std::fixed << std::setprecision(2) << static_cast<double>(b) / (1024.0 * 1024.0) << " MiB";
+      s << std::fixed << std::setprecision(2) << static_cast<double>(b) / (1024.0 * 1024.0)
+        << " MiB";
     }
     return s.str();
   }
@@ -124,16 +125,18 @@ constexpr layout_value after_step(layout_value v, const transition_step& s) {
 
 // Elements this rank holds under layout v (coordinates `coords`).
 template <fixed_string Dims, class Mesh, class Extents, class Coords>
-std::size_t local_elements(const layout_value& v, const Extents& global, const Mesh& mesh, const Coords& coords) {
+std::size_t local_elements(const layout_value& v, const Extents& global, const Mesh& mesh,
+                           const Coords& coords) {
   std::size_t n = 1;
-  for (std::size_t i = 0; i < Dims.size(); ++i) n *= dim_range(v, Dims[i], global[i], mesh.sizes(), coords).size;
+  for (std::size_t i = 0; i < Dims.size(); ++i)
+    n *= dim_range(v, Dims[i], global[i], mesh.sizes(), coords).size;
   return n;
 }
 
 // Bytes this rank sends for step s from layout v, in the communicators' model.
 template <fixed_string Dims, class Mesh, class Extents>
-std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const Extents& global, const Mesh& mesh,
-                         std::size_t element_size) {
+std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const Extents& global,
+                         const Mesh& mesh, std::size_t element_size) {
   const auto n = static_cast<std::size_t>(mesh.size(s.axis));
   const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
   const auto coords = mesh.coords();
@@ -142,13 +145,16 @@ std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const 
   std::size_t elements = 0;
   switch (s.kind) {
     case step_kind::all_gather: elements = (n - 1) * mine; break;
-    case step_kind::reduce_scatter: elements = mine - local_elements<Dims>(next, global, mesh, coords); break;
+    case step_kind::reduce_scatter:
+      elements = mine - local_elements<Dims>(next, global, mesh, coords);
+      break;
     case step_kind::all_reduce: elements = 2 * (mine - balanced_block(mine, n, me).size); break;
     case step_kind::all_to_all: {
       // I keep the part of my block that stays mine; the rest leaves.
       const std::size_t j = Dims.find(s.to_dim);
       const std::size_t to_extent = dim_range(v, s.to_dim, global[j], mesh.sizes(), coords).size;
-      const std::size_t kept = to_extent == 0 ? 0 : mine / to_extent * balanced_block(to_extent, n, me).size;
+      const std::size_t kept =
+          to_extent == 0 ? 0 : mine / to_extent * balanced_block(to_extent, n, me).size;
       elements = mine - kept;
       break;
     }
@@ -158,8 +164,8 @@ std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const 
 }
 
 template <fixed_string Dims, class Mesh, class Extents>
-void describe_steps(plan_report& r, int indent, const transition_plan& plan, layout_value v, const Extents& global,
-                    const Mesh& mesh, std::size_t element_size) {
+void describe_steps(plan_report& r, int indent, const transition_plan& plan, layout_value v,
+                    const Extents& global, const Mesh& mesh, std::size_t element_size) {
   for (const auto& s : plan) {
     plan_line line;
     line.indent = indent;
@@ -202,7 +208,8 @@ plan_report explain(const X& x) {
   plan_report r;
   r.title = "redistribute on " + x.mesh().describe();
   r.note(1, detail::tensor_heading("tensor", x) + " -> " + to_string(to, X::mesh_type::axis_names));
-  detail::describe_steps<X::dims>(r, 2, plan, X::layout, x.extents(), x.mesh(), sizeof(typename X::value_type));
+  detail::describe_steps<X::dims>(r, 2, plan, X::layout, x.extents(), x.mesh(),
+                                  sizeof(typename X::value_type));
   if (plan.size() == 0) r.note(2, "nothing to do");
   return r;
 }
@@ -210,15 +217,16 @@ plan_report explain(const X& x) {
 // The plan of einsum<Spec, O1, O2>(xs...), without running it.
 template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor... X>
 plan_report explain(const X&... xs) {
-  static_assert(detail::einsum_valid<Spec, O1, O2, X...>(), "zest explain: see the einsum error above");
+  static_assert(detail::einsum_valid<Spec, O1, O2, X...>(),
+                "zest explain: see the einsum error above");
   using traits = detail::einsum_traits<Spec, O1, O2, X...>;
   static constexpr const einsum_plan& plan = traits::plan;
   using value_type = typename traits::value_type;
   detail::check_extents<Spec>(xs...);
   const auto& mesh = std::get<0>(std::forward_as_tuple(xs...)).mesh();
   plan_report r;
-  r.title = std::string("einsum \"") + std::string(Spec.view()) + "\" on " + mesh.describe() + ", policy " +
-            detail::policy_name<typename traits::options::policy>();
+  r.title = std::string("einsum \"") + std::string(Spec.view()) + "\" on " + mesh.describe() +
+            ", policy " + detail::policy_name<typename traits::options::policy>();
   typename traits::contraction_type::extents_type out_extents{};
   std::size_t operand = 0;
   auto visit = [&](const auto& x) {
@@ -234,7 +242,8 @@ plan_report explain(const X&... xs) {
     }
     for (std::size_t k = 0; k < traits::spec.output.size; ++k) {
       const char d = traits::spec.output.letters[k];
-      if (traits::spec.inputs[i].has(d)) out_extents[k] = x.extents()[traits::spec.inputs[i].index(d)];
+      if (traits::spec.inputs[i].has(d))
+        out_extents[k] = x.extents()[traits::spec.inputs[i].index(d)];
     }
   };
   (visit(xs), ...);
@@ -243,8 +252,8 @@ plan_report explain(const X&... xs) {
                        to_string(plan.contraction_output, traits::mesh_type::axis_names);
   if (plan.output_steps.size() != 0) {
     r.note(1, result + " -> " + to_string(plan.result, traits::mesh_type::axis_names));
-    detail::describe_steps<traits::out_dims>(r, 2, plan.output_steps, plan.contraction_output, out_extents, mesh,
-                                             sizeof(value_type));
+    detail::describe_steps<traits::out_dims>(r, 2, plan.output_steps, plan.contraction_output,
+                                             out_extents, mesh, sizeof(value_type));
   } else {
     r.note(1, result);
   }

@@ -24,7 +24,8 @@ namespace zest {
 
 template <sharded_tensor X>
 std::string visualize(const X& x) {
-  static_assert(X::rank == 2, "zest visualize: draws 2-D tensors; redistribute or einsum to 2 dims first");
+  static_assert(X::rank == 2,
+                "zest visualize: draws 2-D tensors; redistribute or einsum to 2 dims first");
   using mesh_t = typename X::mesh_type;
   const auto& mesh = x.mesh();
   const int world = mesh.world_size();
@@ -49,14 +50,17 @@ std::string visualize(const X& x) {
     col_cuts.insert(cols.offset);
     col_cuts.insert(cols.offset + cols.size);
   }
-  const std::vector<std::size_t> rc(row_cuts.begin(), row_cuts.end()), cc(col_cuts.begin(), col_cuts.end());
+  const std::vector<std::size_t> rc(row_cuts.begin(), row_cuts.end()),
+      cc(col_cuts.begin(), col_cuts.end());
   auto label = [](char d, std::size_t lo, std::size_t hi) {
-    return std::string(1, d) + ' ' + std::to_string(lo) + ".." + (hi > lo ? std::to_string(hi - 1) : "-");
+    return std::string(1, d) + ' ' + std::to_string(lo) + ".." +
+           (hi > lo ? std::to_string(hi - 1) : "-");
   };
   std::vector<std::string> col_heads;
   std::vector<std::vector<std::string>> cells;
   std::vector<std::string> row_heads;
-  for (std::size_t j = 0; j + 1 < cc.size(); ++j) col_heads.push_back(label(X::dims[1], cc[j], cc[j + 1]));
+  for (std::size_t j = 0; j + 1 < cc.size(); ++j)
+    col_heads.push_back(label(X::dims[1], cc[j], cc[j + 1]));
   for (std::size_t i = 0; i + 1 < rc.size(); ++i) {
     row_heads.push_back(label(X::dims[0], rc[i], rc[i + 1]));
     cells.emplace_back();
@@ -81,7 +85,9 @@ std::string visualize(const X& x) {
   std::ostringstream out;
   out << '"' << X::dims.view() << "\" [" << x.extents()[0] << 'x' << x.extents()[1] << "] "
       << to_string(X::layout, mesh_t::axis_names) << " on " << mesh.describe() << '\n';
-  auto pad = [](const std::string& s, std::size_t w) { return s + std::string(w > s.size() ? w - s.size() : 0, ' '); };
+  auto pad = [](const std::string& s, std::size_t w) {
+    return s + std::string(w > s.size() ? w - s.size() : 0, ' ');
+  };
   out << std::string(head_w + 3, ' ');
   for (const auto& h : col_heads) out << pad(h, cell_w + 2);
   out << '\n';
@@ -92,12 +98,14 @@ std::string visualize(const X& x) {
   }
   std::string empty;
   for (const auto& b : blocks) {
-    if (b.rows.size == 0 || b.cols.size == 0) empty += (empty.empty() ? "" : ",") + std::to_string(b.rank);
+    if (b.rows.size == 0 || b.cols.size == 0)
+      empty += (empty.empty() ? "" : ",") + std::to_string(b.rank);
   }
   if (!empty.empty()) out << "(nothing on ranks " << empty << ")\n";
   for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
     if (X::layout.is_partial(a)) {
-      out << "(partial over " << mesh_t::axis_names[a] << ": the ranks listed hold summands of each block)\n";
+      out << "(partial over " << mesh_t::axis_names[a]
+          << ": the ranks listed hold summands of each block)\n";
     }
   }
   return out.str();

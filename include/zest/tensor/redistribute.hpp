@@ -72,13 +72,14 @@ slab<Rank> slab_around(const std::array<std::size_t, Rank>& ext, std::size_t dim
 }
 
 template <class Mesh, class Coords>
-block_range range_at(const layout_value& v, char d, std::size_t extent, const Mesh& mesh, const Coords& coords) {
+block_range range_at(const layout_value& v, char d, std::size_t extent, const Mesh& mesh,
+                     const Coords& coords) {
   return dim_range(v, d, extent, mesh.sizes(), coords);
 }
 
 template <class T, fixed_string Dims, class Mesh, class Backend, std::size_t Rank>
-void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, const std::array<std::size_t, Rank>& global,
-                const Mesh& mesh) {
+void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
+                const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
   auto& comm = mesh.axis(s.axis);
   const auto n = static_cast<std::size_t>(mesh.size(s.axis));
   const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
@@ -102,7 +103,8 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, co
       const block_range part = balanced_block(sh.local[i], n, me);
       const auto sl = slab_around(sh.local, i);
       typename Backend::template buffer<T> out(sl.outer * part.size * sl.inner);
-      Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, part.offset, out.data(), part.size, 0, part.size, sl.inner);
+      Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, part.offset, out.data(), part.size,
+                           0, part.size, sl.inner);
       sh.replace(std::move(out));
       sh.local[i] = part.size;
       sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.dim, order};
@@ -122,17 +124,18 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, co
       for (const auto& r : ranges) full += r.size;
       typename Backend::template buffer<T> out(sl.outer * full * sl.inner);
       if (sl.outer == 1) {  // blocks are already in place, in rank order
-        comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()), std::span<T>(out.data(), out.size()),
-                        std::span<const std::size_t>(counts));
+        comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()),
+                        std::span<T>(out.data(), out.size()), std::span<const std::size_t>(counts));
       } else {
         typename Backend::template buffer<T> staged(out.size());
         comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()),
-                        std::span<T>(staged.data(), staged.size()), std::span<const std::size_t>(counts));
+                        std::span<T>(staged.data(), staged.size()),
+                        std::span<const std::size_t>(counts));
         std::size_t at = 0;
         std::size_t pos = 0;
         for (std::size_t c = 0; c < n; ++c) {
-          Backend::copy_slices(staged.data() + at, sl.outer, ranges[c].size, 0, out.data(), full, pos, ranges[c].size,
-                      sl.inner);
+          Backend::copy_slices(staged.data() + at, sl.outer, ranges[c].size, 0, out.data(), full,
+                               pos, ranges[c].size, sl.inner);
           at += counts[c];
           pos += ranges[c].size;
         }
@@ -154,17 +157,19 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, co
       }
       typename Backend::template buffer<T> out(counts[me]);
       if (sl.outer == 1) {
-        comm.reduce_scatter(std::span<const T>(sh.data.data(), sh.data.size()), std::span<T>(out.data(), out.size()),
+        comm.reduce_scatter(std::span<const T>(sh.data.data(), sh.data.size()),
+                            std::span<T>(out.data(), out.size()),
                             std::span<const std::size_t>(counts), reduce_op::sum);
       } else {
         typename Backend::template buffer<T> staged(sh.data.size());
         std::size_t at = 0;
         for (std::size_t c = 0; c < n; ++c) {
-          Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, parts[c].offset, staged.data() + at, parts[c].size, 0,
-                      parts[c].size, sl.inner);
+          Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, parts[c].offset,
+                               staged.data() + at, parts[c].size, 0, parts[c].size, sl.inner);
           at += counts[c];
         }
-        comm.reduce_scatter(std::span<const T>(staged.data(), staged.size()), std::span<T>(out.data(), out.size()),
+        comm.reduce_scatter(std::span<const T>(staged.data(), staged.size()),
+                            std::span<T>(out.data(), out.size()),
                             std::span<const std::size_t>(counts), reduce_op::sum);
       }
       sh.replace(std::move(out));
@@ -200,15 +205,17 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, co
       typename Backend::template buffer<T> send(sh.data.size());
       std::size_t at = 0;
       for (std::size_t c = 0; c < n; ++c) {
-        Backend::copy_slices(sh.data.data(), send_slab.outer, send_slab.extent, to_parts[c].offset, send.data() + at,
-                    to_parts[c].size, 0, to_parts[c].size, send_slab.inner);
+        Backend::copy_slices(sh.data.data(), send_slab.outer, send_slab.extent, to_parts[c].offset,
+                             send.data() + at, to_parts[c].size, 0, to_parts[c].size,
+                             send_slab.inner);
         at += send_counts[c];
       }
       std::size_t recv_total = 0;
       for (auto c : recv_counts) recv_total += c;
       typename Backend::template buffer<T> recv(recv_total);
-      comm.all_to_all(std::span<const T>(send.data(), send.size()), std::span<const std::size_t>(send_counts),
-                      std::span<T>(recv.data(), recv.size()), std::span<const std::size_t>(recv_counts));
+      comm.all_to_all(
+          std::span<const T>(send.data(), send.size()), std::span<const std::size_t>(send_counts),
+          std::span<T>(recv.data(), recv.size()), std::span<const std::size_t>(recv_counts));
       auto out_local = sh.local;
       out_local[i] = full;
       out_local[j] = to_parts[me].size;
@@ -217,8 +224,8 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, co
       at = 0;
       std::size_t pos = 0;
       for (std::size_t c = 0; c < n; ++c) {
-        Backend::copy_slices(recv.data() + at, recv_slab.outer, from_ranges[c].size, 0, out.data(), full, pos,
-                    from_ranges[c].size, recv_slab.inner);
+        Backend::copy_slices(recv.data() + at, recv_slab.outer, from_ranges[c].size, 0, out.data(),
+                             full, pos, from_ranges[c].size, recv_slab.inner);
         at += recv_counts[c];
         pos += from_ranges[c].size;
       }
@@ -235,19 +242,24 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh, co
 namespace detail {
 // Carries out a plan on a shard; `from` may be a run-time value (tests sweep all pairs).
 // The shard is either borrowed (a span, read by the first step) or handed over (a buffer).
-template <fixed_string Dims, class T, class Mesh, std::size_t Rank, class Backend = backend_of<Mesh>>
-typename Backend::template buffer<T> run_transition(const transition_plan& plan, const layout_value& from,
+template <fixed_string Dims, class T, class Mesh, std::size_t Rank,
+          class Backend = backend_of<Mesh>>
+typename Backend::template buffer<T> run_transition(const transition_plan& plan,
+                                                    const layout_value& from,
                                                     const std::array<std::size_t, Rank>& local,
                                                     std::span<const T> data,
-                                                    const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
+                                                    const std::array<std::size_t, Rank>& global,
+                                                    const Mesh& mesh) {
   moving_shard<T, Backend, Rank> sh{from, local, data, {}, true};
   for (const auto& s : plan) apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
   return sh.release();
 }
-template <fixed_string Dims, class Buffer, class Mesh, std::size_t Rank, class Backend = backend_of<Mesh>>
-  requires(!std::is_lvalue_reference_v<Buffer>)
-Buffer run_transition(const transition_plan& plan, const layout_value& from, const std::array<std::size_t, Rank>& local,
-                      Buffer&& data, const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
+template <fixed_string Dims, class Buffer, class Mesh, std::size_t Rank,
+          class Backend = backend_of<Mesh>>
+requires(!std::is_lvalue_reference_v<Buffer>) Buffer
+    run_transition(const transition_plan& plan, const layout_value& from,
+                   const std::array<std::size_t, Rank>& local, Buffer&& data,
+                   const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
   using T = typename Buffer::value_type;
   moving_shard<T, Backend, Rank> sh{from, local, {}, {}, true};
   sh.replace(std::move(data));
@@ -269,7 +281,8 @@ auto redistribute_to(X&& t) {
   using value_type = typename x_t::value_type;
   using result_t = with_layout<x_t, To>;
   constexpr const transition_plan& plan = transition_plan_v<x_t::layout, To>;
-  constexpr bool owned = !std::is_lvalue_reference_v<X> && !std::is_const_v<std::remove_reference_t<X>>;
+  constexpr bool owned =
+      !std::is_lvalue_reference_v<X> && !std::is_const_v<std::remove_reference_t<X>>;
   if constexpr (plan.size() == 0) {
     if constexpr (owned) {
       return result_t(t.mesh(), t.extents(), std::move(t.storage()));
@@ -277,13 +290,15 @@ auto redistribute_to(X&& t) {
       return result_t(t.mesh(), t.extents(), typename result_t::storage_type(t.storage()));
     }
   } else if constexpr (owned) {
-    return result_t(t.mesh(), t.extents(),
-                    detail::run_transition<x_t::dims>(plan, x_t::layout, t.local_extents(), std::move(t.storage()),
-                                                      t.extents(), t.mesh()));
+    return result_t(
+        t.mesh(), t.extents(),
+        detail::run_transition<x_t::dims>(plan, x_t::layout, t.local_extents(),
+                                          std::move(t.storage()), t.extents(), t.mesh()));
   } else {
     return result_t(t.mesh(), t.extents(),
-                    detail::run_transition<x_t::dims>(plan, x_t::layout, t.local_extents(), std::span<const value_type>(t.local()), t.extents(),
-                                                      t.mesh()));
+                    detail::run_transition<x_t::dims>(plan, x_t::layout, t.local_extents(),
+                                                      std::span<const value_type>(t.local()),
+                                                      t.extents(), t.mesh()));
   }
 }
 
@@ -291,7 +306,8 @@ auto redistribute_to(X&& t) {
 template <class Layout, sharded_tensor X>
 auto redistribute(X&& t) {
   using x_t = std::remove_cvref_t<X>;
-  return redistribute_to<layout_value_of<typename x_t::mesh_type, x_t::dims, Layout>>(std::forward<X>(t));
+  return redistribute_to<layout_value_of<typename x_t::mesh_type, x_t::dims, Layout>>(
+      std::forward<X>(t));
 }
 
 // The plan of redistribute<Layout> for tensor type X, at compile time.
@@ -303,7 +319,8 @@ inline constexpr transition_plan redistribute_plan =
 template <sharded_tensor X>
 std::vector<typename std::remove_cvref_t<X>::value_type> to_global(const X& t) {
   using x_t = std::remove_cvref_t<X>;
-  const auto full = redistribute_to<replicated_layout(x_t::mesh_type::axis_count)>(t).local_to_host();
+  const auto full =
+      redistribute_to<replicated_layout(x_t::mesh_type::axis_count)>(t).local_to_host();
   return std::vector<typename x_t::value_type>(full.begin(), full.end());
 }
 

@@ -82,7 +82,8 @@ class basic_tensor {
   // Storage of the right size, contents unspecified: for results that a kernel overwrites.
   struct uninitialized_t {};
   static constexpr uninitialized_t uninitialized{};
-  basic_tensor(const Mesh& mesh, const extents_type& extents, uninitialized_t) : mesh_(&mesh), extents_(extents) {
+  basic_tensor(const Mesh& mesh, const extents_type& extents, uninitialized_t)
+      : mesh_(&mesh), extents_(extents) {
     locate();
     data_ = storage_type(local_count());
   }
@@ -92,8 +93,9 @@ class basic_tensor {
       : mesh_(&mesh), extents_(extents), data_(std::move(local)) {
     locate();
     if (data_.size() != local_count()) {
-      throw shape_error(detail::message("zest: tensor \"", Dims.view(), "\": local shard has ", data_.size(),
-                                        " elements, the layout gives this rank ", local_count()));
+      throw shape_error(detail::message("zest: tensor \"", Dims.view(), "\": local shard has ",
+                                        data_.size(), " elements, the layout gives this rank ",
+                                        local_count()));
     }
   }
 
@@ -116,18 +118,21 @@ class basic_tensor {
     if constexpr (std::is_same_v<storage_type, host_vector<T>>) {
       t.data_ = std::move(values);
     } else {
-      t.data_ = backend_type::template from_host<T>(std::span<const T>(values.data(), values.size()));
+      t.data_ =
+          backend_type::template from_host<T>(std::span<const T>(values.data(), values.size()));
     }
     return t;
   }
 
   // Each rank copies its block out of a global row-major array (identical on every rank).
-  static basic_tensor from_global(const Mesh& mesh, const extents_type& extents, std::span<const T> global) {
+  static basic_tensor from_global(const Mesh& mesh, const extents_type& extents,
+                                  std::span<const T> global) {
     std::size_t total = 1;
     for (auto e : extents) total *= e;
     if (global.size() != total) {
-      throw shape_error(detail::message("zest: tensor \"", Dims.view(), "\"::from_global: the array has ",
-                                        global.size(), " elements, the extents need ", total));
+      throw shape_error(detail::message("zest: tensor \"", Dims.view(),
+                                        "\"::from_global: the array has ", global.size(),
+                                        " elements, the extents need ", total));
     }
     return generate(mesh, extents, [&](const extents_type& i) {
       std::size_t flat = 0;
@@ -165,17 +170,19 @@ class basic_tensor {
   }
 
   // The local shard as an Eigen matrix, no copy: rows = all dims but the last, cols = last.
-  auto local_matrix()
-    requires((std::is_same_v<T, float> || std::is_same_v<T, double>) && std::is_same_v<backend_type, host_backend>)
-  {
+  auto local_matrix() requires(
+      (std::is_same_v<T, float> ||
+       std::is_same_v<T, double>)&&std::is_same_v<backend_type, host_backend>) {
     return Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-        data_.data(), static_cast<Eigen::Index>(matrix_rows()), static_cast<Eigen::Index>(matrix_cols()));
+        data_.data(), static_cast<Eigen::Index>(matrix_rows()),
+        static_cast<Eigen::Index>(matrix_cols()));
   }
   auto local_matrix() const
-    requires((std::is_same_v<T, float> || std::is_same_v<T, double>) && std::is_same_v<backend_type, host_backend>)
-  {
+      requires((std::is_same_v<T, float> ||
+                std::is_same_v<T, double>)&&std::is_same_v<backend_type, host_backend>) {
     return Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-        data_.data(), static_cast<Eigen::Index>(matrix_rows()), static_cast<Eigen::Index>(matrix_cols()));
+        data_.data(), static_cast<Eigen::Index>(matrix_rows()),
+        static_cast<Eigen::Index>(matrix_cols()));
   }
 
   // Whether this rank's block carries (part of) the value: false on the ranks that hold
@@ -196,7 +203,8 @@ class basic_tensor {
   }
   void locate() {
     for (std::size_t i = 0; i < rank; ++i) {
-      const block_range r = dim_range(Layout, Dims[i], extents_[i], mesh_->sizes(), mesh_->coords());
+      const block_range r =
+          dim_range(Layout, Dims[i], extents_[i], mesh_->sizes(), mesh_->coords());
       offsets_[i] = r.offset;
       local_extents_[i] = r.size;
     }
@@ -214,13 +222,14 @@ template <class T, class Mesh, fixed_string Dims, class Layout = layout<>>
 using tensor = basic_tensor<T, Mesh, Dims, layout_value_of<Mesh, Dims, Layout>>;
 
 template <class X>
-concept sharded_tensor = requires { typename std::remove_cvref_t<X>::zest_tensor_tag; };
+concept sharded_tensor = requires {
+  typename std::remove_cvref_t<X>::zest_tensor_tag;
+};
 
 // True when tensor type X has layout L (written as users write layouts):
 //   static_assert(zest::has_layout<decltype(y), zest::layout<zest::split<'b', "dp">>>);
 template <sharded_tensor X, class L>
-inline constexpr bool has_layout =
-    X::layout == layout_value_of<typename X::mesh_type, X::dims, L>;
+inline constexpr bool has_layout = X::layout == layout_value_of<typename X::mesh_type, X::dims, L>;
 
 // The same tensor type with another layout.
 template <sharded_tensor X, layout_value L>

@@ -44,7 +44,7 @@ namespace zest {
 
 struct training_precision {
   std::string_view name;
-  std::size_t parameter_bytes = 2;        // the working copy the model computes with
+  std::size_t parameter_bytes = 2;  // the working copy the model computes with
   std::size_t gradient_bytes = 2;
   std::size_t master_bytes = 4;           // fp32 master copy; 0 when the parameters are fp32
   std::size_t optimizer_state_bytes = 8;  // Adam's m and v in fp32
@@ -53,7 +53,8 @@ struct training_precision {
 };
 
 // Mixed-precision Adam as in the ZeRO paper: bf16/fp16 parameters and gradients, K = 12.
-inline constexpr training_precision mixed_precision_adam{"mixed precision (bf16/fp16, fp32 Adam)", 2, 2, 4, 8};
+inline constexpr training_precision mixed_precision_adam{"mixed precision (bf16/fp16, fp32 Adam)",
+                                                         2, 2, 4, 8};
 // fp32 training: the parameters are their own master copy, so K = 8.
 inline constexpr training_precision fp32_adam{"fp32 (fp32 Adam)", 4, 4, 0, 8};
 
@@ -106,7 +107,9 @@ inline model_shape gpt_model(const gpt_config& c, std::string name = "gpt") {
   model_shape m{std::move(name), {}};
   const std::size_t w = c.width;
   const std::size_t h = c.mlp_ratio * w;
-  auto add = [&](std::string n, std::vector<std::size_t> e) { m.parameters.push_back({std::move(n), std::move(e)}); };
+  auto add = [&](std::string n, std::vector<std::size_t> e) {
+    m.parameters.push_back({std::move(n), std::move(e)});
+  };
   add("wte", {c.vocab, w});
   add("wpe", {c.context, w});
   for (std::size_t l = 0; l < c.layers; ++l) {
@@ -142,7 +145,9 @@ struct model_state_bytes {
   std::uint64_t master = 0;
   std::uint64_t optimizer_state = 0;
   constexpr std::uint64_t optimizer() const { return master + optimizer_state; }  // ZeRO's K part
-  constexpr std::uint64_t total() const { return parameters + gradients + master + optimizer_state; }
+  constexpr std::uint64_t total() const {
+    return parameters + gradients + master + optimizer_state;
+  }
   constexpr bool operator==(const model_state_bytes&) const = default;
 };
 
@@ -191,7 +196,8 @@ struct zero_plan {
   double psi_coefficient() const {
     if (data_parallel_size <= 1 || parameter_count == 0) return 0;
     const auto n = static_cast<double>(data_parallel_size);
-    return static_cast<double>(elements_sent()) / (static_cast<double>(parameter_count) * (n - 1) / n);
+    return static_cast<double>(elements_sent()) /
+           (static_cast<double>(parameter_count) * (n - 1) / n);
   }
   // "reduce_scatter + all_gather"
   std::string collectives_summary() const {
@@ -212,13 +218,14 @@ struct zero_plan {
     return out.str();
   }
   friend std::ostream& operator<<(std::ostream& out, const zero_plan& p) {
-    out << "ZeRO stage " << p.stage << " of " << p.model << " (" << p.parameter_count << " parameters) on " << p.mesh
-        << ", rank " << p.rank << ", " << p.precision.name << '\n';
-    out << "  model states  parameters " << format_decimal_bytes(p.memory.parameters) << ", gradients "
-        << format_decimal_bytes(p.memory.gradients) << ", optimizer " << format_decimal_bytes(p.memory.optimizer())
-        << " (master " << format_decimal_bytes(p.memory.master) << ", Adam state "
-        << format_decimal_bytes(p.memory.optimizer_state) << "), total " << format_decimal_bytes(p.memory.total())
-        << '\n';
+    out << "ZeRO stage " << p.stage << " of " << p.model << " (" << p.parameter_count
+        << " parameters) on " << p.mesh << ", rank " << p.rank << ", " << p.precision.name << '\n';
+    out << "  model states  parameters " << format_decimal_bytes(p.memory.parameters)
+        << ", gradients " << format_decimal_bytes(p.memory.gradients) << ", optimizer "
+        << format_decimal_bytes(p.memory.optimizer()) << " (master "
+        << format_decimal_bytes(p.memory.master) << ", Adam state "
+        << format_decimal_bytes(p.memory.optimizer_state) << "), total "
+        << format_decimal_bytes(p.memory.total()) << '\n';
     for (auto phase : zero_phases) {
       const auto& t = p.of(phase);
       std::string line = "  " + std::string(name_of(phase));
@@ -231,14 +238,15 @@ struct zero_plan {
       for (std::size_t k = 0; k < collective_kinds; ++k) {
         if (t.calls[k] == 0) continue;
         if (!kinds.empty()) kinds += ", ";
-        kinds += std::to_string(t.calls[k]) + " x " + std::string(name_of(static_cast<collective>(k)));
+        kinds +=
+            std::to_string(t.calls[k]) + " x " + std::string(name_of(static_cast<collective>(k)));
       }
       line += kinds;
       line.resize(std::max<std::size_t>(line.size() + 1, 48), ' ');
       out << line << format_decimal_bytes(t.bytes) << " sent by this rank\n";
     }
-    out << "  total " << format_decimal_bytes(p.bytes_sent()) << " per step = " << std::fixed << std::setprecision(3)
-        << p.psi_coefficient() << " Psi (N-1)/N elements\n";
+    out << "  total " << format_decimal_bytes(p.bytes_sent()) << " per step = " << std::fixed
+        << std::setprecision(3) << p.psi_coefficient() << " Psi (N-1)/N elements\n";
     return out;
   }
 
@@ -291,7 +299,9 @@ void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Me
   std::array<std::size_t, Dims.size()> global{};
   for (std::size_t i = 0; i < global.size(); ++i) global[i] = param.extents[i];
   const auto coords = mesh.coords();
-  auto held = [&](const layout_value& v) -> std::uint64_t { return local_elements<Dims>(v, global, mesh, coords); };
+  auto held = [&](const layout_value& v) -> std::uint64_t {
+    return local_elements<Dims>(v, global, mesh, coords);
+  };
 
   const training_precision& pr = plan.precision;
   plan.memory.parameters += held(layouts.stored) * pr.parameter_bytes;
@@ -323,11 +333,14 @@ void plan_zero_parameter_any_rank(zero_plan& plan, const parameter_shape& param,
                                   std::index_sequence<R...>) {
   const std::size_t rank = param.extents.size();
   const bool planned =
-      ((rank == R + 1 ? (plan_zero_parameter<Stage, positional_dims<R + 1>()>(plan, param, mesh), true) : false) ||
+      ((rank == R + 1
+            ? (plan_zero_parameter<Stage, positional_dims<R + 1>()>(plan, param, mesh), true)
+            : false) ||
        ...);
   if (!planned) {
     throw shape_error(message("zest: plan_zero: parameter '", param.name, "' has ", rank,
-                              " dims; the planner takes 1 to ", max_dims, " (give a scalar the extents {1})"));
+                              " dims; the planner takes 1 to ", max_dims,
+                              " (give a scalar the extents {1})"));
   }
 }
 
@@ -345,13 +358,15 @@ zero_plan plan_zero(const model_shape& model, const Mesh& mesh,
   plan.model = model.name;
   plan.mesh = mesh.describe();
   int rank = 0;
-  for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a) rank = rank * mesh.size(a) + mesh.coord(a);
+  for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a)
+    rank = rank * mesh.size(a) + mesh.coord(a);
   plan.rank = rank;
   plan.precision = precision;
   plan.parameter_count = model.parameter_count();
   plan.data_parallel_size = detail::data_axis_size(mesh, Stage::data_axis);
   for (const auto& p : model.parameters) {
-    detail::plan_zero_parameter_any_rank<Stage>(plan, p, mesh, std::make_index_sequence<max_dims>{});
+    detail::plan_zero_parameter_any_rank<Stage>(plan, p, mesh,
+                                                std::make_index_sequence<max_dims>{});
   }
   return plan;
 }

@@ -56,7 +56,9 @@ struct split_first_dim {
 };
 // E.g. for weights stored [out, in] whose first dim is small on some layers.
 struct split_last_dim {
-  static constexpr std::size_t dim_index(std::string_view dims) { return dims.empty() ? 0 : dims.size() - 1; }
+  static constexpr std::size_t dim_index(std::string_view dims) {
+    return dims.empty() ? 0 : dims.size() - 1;
+  }
 };
 
 template <class R>
@@ -77,9 +79,15 @@ struct zero_layouts {
 };
 
 // The communicating steps of a training step, in order.
-enum class zero_phase : std::uint8_t { forward_gather, backward_gather, gradient_reduction, parameter_update };
-inline constexpr std::array<zero_phase, 4> zero_phases{zero_phase::forward_gather, zero_phase::backward_gather,
-                                                       zero_phase::gradient_reduction, zero_phase::parameter_update};
+enum class zero_phase : std::uint8_t {
+  forward_gather,
+  backward_gather,
+  gradient_reduction,
+  parameter_update
+};
+inline constexpr std::array<zero_phase, 4> zero_phases{
+    zero_phase::forward_gather, zero_phase::backward_gather, zero_phase::gradient_reduction,
+    zero_phase::parameter_update};
 
 constexpr std::string_view name_of(zero_phase p) {
   switch (p) {
@@ -139,10 +147,11 @@ inline constexpr bool always_false = false;
 
 template <class Stage, class Mesh>
 struct no_data_axis {
-  static_assert(always_false<Stage>,
-                "zest zero_stage: the mesh has no axis of the stage's data-parallel name. Fix: name "
-                "one of the mesh's axes, zero_stage<K, \"dp\">, or add that axis to the mesh "
-                "(stage and mesh are shown above).");
+  static_assert(
+      always_false<Stage>,
+      "zest zero_stage: the mesh has no axis of the stage's data-parallel name. Fix: name "
+      "one of the mesh's axes, zero_stage<K, \"dp\">, or add that axis to the mesh "
+      "(stage and mesh are shown above).");
 };
 template <class Stage, fixed_string Dims>
 struct split_dim_out_of_range {
@@ -165,9 +174,10 @@ struct scalar_parameter {
 //   constexpr auto l = z3::layouts<zest::mesh<"dp">, "mh">; // zero_layouts, normalised
 template <int Stage, fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim>
 struct zero_stage {
-  static_assert(Stage >= 0 && Stage <= 3,
-                "zest zero_stage: ZeRO has stages 0 (DDP), 1 (optimizer state), 2 (+ gradients) and "
-                "3 (+ parameters). Fix: zero_stage<0>, <1>, <2> or <3>.");
+  static_assert(
+      Stage >= 0 && Stage <= 3,
+      "zest zero_stage: ZeRO has stages 0 (DDP), 1 (optimizer state), 2 (+ gradients) and "
+      "3 (+ parameters). Fix: zero_stage<0>, <1>, <2> or <3>.");
 
   static constexpr int stage = Stage;
   static constexpr std::string_view data_axis = DataAxis.view();
@@ -194,13 +204,15 @@ struct zero_stage {
   template <fixed_string Dims>
   using gradient_layout = layout<partial<DataAxis>>;
   template <fixed_string Dims>
-  using kept_gradient_layout = std::conditional_t<partitions_optimizer_state, sharded_layout<Dims>, layout<>>;
+  using kept_gradient_layout =
+      std::conditional_t<partitions_optimizer_state, sharded_layout<Dims>, layout<>>;
   template <fixed_string Dims>
-  using gradient_buffer_layout =
-      std::conditional_t<partitions_gradients, sharded_layout<Dims>,
-                         std::conditional_t<partitions_optimizer_state, layout<partial<DataAxis>>, layout<>>>;
+  using gradient_buffer_layout = std::conditional_t<
+      partitions_gradients, sharded_layout<Dims>,
+      std::conditional_t<partitions_optimizer_state, layout<partial<DataAxis>>, layout<>>>;
   template <fixed_string Dims>
-  using optimizer_state_layout = std::conditional_t<partitions_optimizer_state, sharded_layout<Dims>, layout<>>;
+  using optimizer_state_layout =
+      std::conditional_t<partitions_optimizer_state, sharded_layout<Dims>, layout<>>;
   template <fixed_string Dims>
   using master_layout = optimizer_state_layout<Dims>;
 
@@ -254,7 +266,8 @@ decltype(auto) with_zero_stage(int stage, F&& f) {
     case 3: return std::forward<F>(f)(zero_stage<3, DataAxis, SplitRule>{});
     default: break;
   }
-  throw shape_error(detail::message("zest: with_zero_stage: stage ", stage, " does not exist; ZeRO has stages 0-3"));
+  throw shape_error(detail::message("zest: with_zero_stage: stage ", stage,
+                                    " does not exist; ZeRO has stages 0-3"));
 }
 
 }  // namespace zest

@@ -182,18 +182,54 @@ std::map<char, std::size_t> random_extents(std::string_view spec, std::mt19937& 
 // Specs: GEMMs in every transpose, batches in every position, outer products, reductions,
 // dims summed out of one operand, scalars and permutes.
 constexpr std::string_view specs[] = {
-    "ik,kj->ij",        "ki,kj->ij",          "ik,jk->ij",         "ki,jk->ij",
-    "ik,kj->ji",        "kj,ik->ij",          "bik,bkj->bij",      "bik,bkj->ibj",
-    "bik,bkj->ijb",     "ibk,kbj->bij",       "bsm,hm->bhs",       "bsm,hm->bsh",
-    "bsm,mh->hbs",      "i,j->ij",            "i,j->ji",           "bi,bj->bij",
-    "bi,bj->ijb",       "i,i->",              "bi,bi->b",          "ij,ij->ij",
-    "ij,ji->ij",        "abc,cd->abd",        "abcd,cdef->abef",   "abcd,dcef->aebf",
-    "ijk,jkl->il",      "ijk,kjl->li",        "ijk,k->ij",         "ijk,j->ki",
-    "ij,jk->k",         "ij,kl->",            "iab,jab->ij",       "ai,aj->",
-    ",ij->ij",          "ij,->ji",            ",->",               "bhqd,bhkd->bhqk",
-    "bhqk,bhkd->bqhd",  "gsec,gsm->egcm",     "egcm,emh->egch",    "gsec,egcm->gsm",
-    "ij->ji",           "ijk->kij",           "ijk->i",            "ijk->",
-    "ijk->kj",          "->",                 "i->i",              "abcdef->fedcba",
+    "ik,kj->ij",
+    "ki,kj->ij",
+    "ik,jk->ij",
+    "ki,jk->ij",
+    "ik,kj->ji",
+    "kj,ik->ij",
+    "bik,bkj->bij",
+    "bik,bkj->ibj",
+    "bik,bkj->ijb",
+    "ibk,kbj->bij",
+    "bsm,hm->bhs",
+    "bsm,hm->bsh",
+    "bsm,mh->hbs",
+    "i,j->ij",
+    "i,j->ji",
+    "bi,bj->bij",
+    "bi,bj->ijb",
+    "i,i->",
+    "bi,bi->b",
+    "ij,ij->ij",
+    "ij,ji->ij",
+    "abc,cd->abd",
+    "abcd,cdef->abef",
+    "abcd,dcef->aebf",
+    "ijk,jkl->il",
+    "ijk,kjl->li",
+    "ijk,k->ij",
+    "ijk,j->ki",
+    "ij,jk->k",
+    "ij,kl->",
+    "iab,jab->ij",
+    "ai,aj->",
+    ",ij->ij",
+    "ij,->ji",
+    ",->",
+    "bhqd,bhkd->bhqk",
+    "bhqk,bhkd->bqhd",
+    "gsec,gsm->egcm",
+    "egcm,emh->egch",
+    "gsec,egcm->gsm",
+    "ij->ji",
+    "ijk->kij",
+    "ijk->i",
+    "ijk->",
+    "ijk->kj",
+    "->",
+    "i->i",
+    "abcdef->fedcba",
 };
 
 // Extents near the largest that keep the reference's loop over all labels under `budget`
@@ -360,14 +396,14 @@ TEST_CASE("the bench contractions need no permute") {
   using zest::host::detail::dense_layout;
   using zest::host::detail::plan_direct;
   const extents_t bsm = {8, 64, 32}, hm = {16, 32}, bhs = {8, 16, 64};
-  const auto plan = plan_direct(dense_layout("bsm", bsm), dense_layout("hm", hm),
-                                dense_layout("bhs", bhs));
+  const auto plan =
+      plan_direct(dense_layout("bsm", bsm), dense_layout("hm", hm), dense_layout("bhs", bhs));
   REQUIRE(plan.valid);
   CHECK(plan.m * plan.n * plan.k == 16 * 64 * 32);  // one (h x m)(m x s) GEMM per b
   CHECK(plan.loops.count() == 8);
   const extents_t bik = {4, 8, 9}, bkj = {4, 9, 10}, bij = {4, 8, 10};
-  const auto batched = plan_direct(dense_layout("bik", bik), dense_layout("bkj", bkj),
-                                   dense_layout("bij", bij));
+  const auto batched =
+      plan_direct(dense_layout("bik", bik), dense_layout("bkj", bkj), dense_layout("bij", bij));
   REQUIRE(batched.valid);
   CHECK(batched.loops.count() == 4);
   CHECK(batched.m * batched.n * batched.k == 8 * 9 * 10);
@@ -415,21 +451,20 @@ TEST_CASE("gemm_strided_batched: transposes, shared operands, beta, bfloat16") {
         }
       }
       std::vector<double> got = c;
-      zest::host::gemm_strided_batched<double>(ta, tb, m, n, k, alpha, a.data(), lda, sa,
-                                               b.data(), ldb, sb, beta, got.data(), ldc, sc,
-                                               batch);
+      zest::host::gemm_strided_batched<double>(ta, tb, m, n, k, alpha, a.data(), lda, sa, b.data(),
+                                               ldb, sb, beta, got.data(), ldc, sc, batch);
       zest::host::gemm_strided_batched<float>(ta, tb, m, n, k, float(alpha), af.data(), lda, sa,
-                                              bf.data(), ldb, sb, float(beta), cf.data(), ldc,
-                                              sc, batch);
-      zest::host::gemm_strided_batched<bf16>(ta, tb, m, n, k, float(alpha), ah.data(), lda,
-                                                 sa, bh.data(), ldb, sb, float(beta), ch.data(),
-                                                 ldc, sc, batch);
+                                              bf.data(), ldb, sb, float(beta), cf.data(), ldc, sc,
+                                              batch);
+      zest::host::gemm_strided_batched<bf16>(ta, tb, m, n, k, float(alpha), ah.data(), lda, sa,
+                                             bh.data(), ldb, sb, float(beta), ch.data(), ldc, sc,
+                                             batch);
 #if ZEST_HOST_GEMM_HAS_EIGEN
       std::vector<double> eigen = c;
       for (std::size_t p = 0; p < batch; ++p) {
         zest::host::detail::gemm_eigen<double>(ta, tb, m, n, k, alpha, a.data() + p * sa, lda,
-                                               b.data() + p * sb, ldb, beta,
-                                               eigen.data() + p * sc, ldc);
+                                               b.data() + p * sb, ldb, beta, eigen.data() + p * sc,
+                                               ldc);
       }
 #endif
       for (std::size_t p = 0; p < batch; ++p) {
@@ -454,7 +489,8 @@ TEST_CASE("permute and sum_dims") {
   const extents_t e = {3, 17, 2, 33, 5};
   std::vector<double> x(count_of(e));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = double(i);
-  const std::size_t perms[][5] = {{4, 3, 2, 1, 0}, {0, 3, 2, 1, 4}, {1, 0, 2, 3, 4}, {3, 0, 1, 4, 2}};
+  const std::size_t perms[][5] = {
+      {4, 3, 2, 1, 0}, {0, 3, 2, 1, 4}, {1, 0, 2, 3, 4}, {3, 0, 1, 4, 2}};
   for (const auto& perm : perms) {
     std::vector<double> y(x.size(), -1);
     zest::host::permute<double, double>(x.data(), e, perm, y.data());

@@ -19,14 +19,15 @@ inline constexpr int no_trans = 111;
 inline constexpr int trans = 112;
 
 extern "C" {
-void sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-           const float* b, int ldb, float beta, float* c, int ldc) __asm__("cblas_sgemm");
-void dgemm(int order, int trans_a, int trans_b, int m, int n, int k, double alpha, const double* a, int lda,
-           const double* b, int ldb, double beta, double* c, int ldc) __asm__("cblas_dgemm");
-void sgemv(int order, int trans, int m, int n, float alpha, const float* a, int lda, const float* x, int incx,
-           float beta, float* y, int incy) __asm__("cblas_sgemv");
-void dgemv(int order, int trans, int m, int n, double alpha, const double* a, int lda, const double* x, int incx,
-           double beta, double* y, int incy) __asm__("cblas_dgemv");
+void sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
+           int lda, const float* b, int ldb, float beta, float* c, int ldc) __asm__("cblas_sgemm");
+void dgemm(int order, int trans_a, int trans_b, int m, int n, int k, double alpha, const double* a,
+           int lda, const double* b, int ldb, double beta, double* c,
+           int ldc) __asm__("cblas_dgemm");
+void sgemv(int order, int trans, int m, int n, float alpha, const float* a, int lda, const float* x,
+           int incx, float beta, float* y, int incy) __asm__("cblas_sgemv");
+void dgemv(int order, int trans, int m, int n, double alpha, const double* a, int lda,
+           const double* x, int incx, double beta, double* y, int incy) __asm__("cblas_dgemv");
 }
 
 }  // namespace zest::host::blas

@@ -53,8 +53,17 @@ inline constexpr std::size_t no_dim = static_cast<std::size_t>(-1);
 // Scratch buffers kept per thread and reused across calls: a fresh large allocation costs a
 // page fault per 4 KiB, about as much as the permute that fills it. Slots are fixed uses
 // within one contract call, so buffers that are live together never alias.
-enum scratch_slot : std::size_t { reduced_x, reduced_y, permuted_x, permuted_y, permuted_z,
-                                  bf16_x, bf16_y, bf16_z, slot_count };
+enum scratch_slot : std::size_t {
+  reduced_x,
+  reduced_y,
+  permuted_x,
+  permuted_y,
+  permuted_z,
+  bf16_x,
+  bf16_y,
+  bf16_z,
+  slot_count
+};
 template <class T>
 struct scratch_cache {
   std::array<std::unique_ptr<T[]>, slot_count> data;
@@ -136,7 +145,8 @@ inline tensor_layout dense_layout_like(std::string_view labels, const tensor_lay
 template <bool Add, class T>
 void relayout(const tensor_layout& from, const T* src, const tensor_layout& to, T* dst) {
   strided_walk w;
-  for (std::size_t d = 0; d < to.rank; ++d) w.push(to.extent[d], from.stride_of(to.label[d]), to.stride[d]);
+  for (std::size_t d = 0; d < to.rank; ++d)
+    w.push(to.extent[d], from.stride_of(to.label[d]), to.stride[d]);
   copy_strided<Add>(w, src, dst);
 }
 
@@ -144,7 +154,8 @@ void relayout(const tensor_layout& from, const T* src, const tensor_layout& to, 
 template <class T>
 void reduce_into(const tensor_layout& from, const T* src, const tensor_layout& to, T* dst) {
   strided_walk w;
-  for (std::size_t d = 0; d < from.rank; ++d) w.push(from.extent[d], from.stride[d], to.stride_of(from.label[d]));
+  for (std::size_t d = 0; d < from.rank; ++d)
+    w.push(from.extent[d], from.stride[d], to.stride_of(from.label[d]));
   reduce_strided(w, src, dst);
 }
 
@@ -302,8 +313,8 @@ void run_plan(const gemm_plan& plan, const T* x, const T* y, T* z, bool accumula
   const loop_nest& l = plan.loops;
   const auto call = [&](std::size_t oa, std::size_t ob, std::size_t oc, std::size_t batch,
                         std::size_t sa, std::size_t sb, std::size_t sc) {
-    gemm_strided_batched<T>(plan.trans_a, plan.trans_b, plan.m, plan.n, plan.k, 1, a + oa,
-                            plan.lda, sa, b + ob, plan.ldb, sb, beta, z + oc, plan.ldc, sc, batch);
+    gemm_strided_batched<T>(plan.trans_a, plan.trans_b, plan.m, plan.n, plan.k, 1, a + oa, plan.lda,
+                            sa, b + ob, plan.ldb, sb, beta, z + oc, plan.ldc, sc, batch);
   };
   if (l.rank == 0) {
     call(0, 0, 0, 1, 0, 0, 0);
@@ -349,8 +360,7 @@ void contract_pair(tensor_layout x, const T* xd, tensor_layout y, const T* yd,
   // "ij,jk->k" sums i out of the first operand, then is "j,jk->k".
   const auto sum_only_dims = [&z](tensor_layout& t, const T*& data, const tensor_layout& other,
                                   scratch_slot slot) {
-    const std::string kept =
-        labels_in_order(t, [&](char l) { return z.has(l) || other.has(l); });
+    const std::string kept = labels_in_order(t, [&](char l) { return z.has(l) || other.has(l); });
     if (kept.size() == t.rank) return;
     const tensor_layout reduced = dense_layout_like(kept, t);
     T* buffer = scratch<T>(slot, reduced.size());
@@ -416,9 +426,9 @@ void contract_pair(tensor_layout x, const T* xd, tensor_layout y, const T* yd,
     }
     c.plan = plan_direct(c.x, c.y, c.z);
     if (!c.plan.valid) continue;
-    c.cost = c.plan.cost + permute_cost_per_element *
-                               double((px ? x.size() : 0) + (py ? y.size() : 0) +
-                                      (pz ? 2 * z.size() : 0));
+    c.cost = c.plan.cost +
+             permute_cost_per_element *
+                 double((px ? x.size() : 0) + (py ? y.size() : 0) + (pz ? 2 * z.size() : 0));
     if (c.cost < best.cost) best = c;
     if (mask == 0 && best.cost <= ideal) break;
   }
@@ -518,8 +528,8 @@ void check_contract(std::span<const operand_view<T>> operands, std::string_view 
         extent[u] = extents[d];
         seen_in[u] = in;
       } else if (extent[u] != extents[d]) {
-        fail("dim '", l, "' has extent ", extent[u], " in ", where(seen_in[u]), " but ",
-             extents[d], " in ", where(in));
+        fail("dim '", l, "' has extent ", extent[u], " in ", where(seen_in[u]), " but ", extents[d],
+             " in ", where(in));
       }
     }
   };
@@ -556,9 +566,9 @@ void contract_checked(std::span<const operand_view<T>> operands, std::string_vie
 template <class T>
 void contract(std::span<const operand_view<T>> operands, std::string_view out_labels, T* out,
               std::span<const std::size_t> out_extents, bool accumulate = false) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                    std::is_same_v<T, bfloat16>,
-                "zest::host::contract: element type must be float, double or zest::bfloat16");
+  static_assert(
+      std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bfloat16>,
+      "zest::host::contract: element type must be float, double or zest::bfloat16");
   detail::check_contract(operands, out_labels, out_extents);
   const std::size_t out_count = detail::element_count(out_extents);
   if (out_count == 0) return;
@@ -582,8 +592,8 @@ void contract(std::span<const operand_view<T>> operands, std::string_view out_la
     if (accumulate) {
       for (std::size_t e = 0; e < out_count; ++e) result[e] = float(out[e]);
     }
-    detail::contract_checked<float>(std::span(views.data(), operands.size()), out_labels,
-                                    result, out_extents, accumulate);
+    detail::contract_checked<float>(std::span(views.data(), operands.size()), out_labels, result,
+                                    out_extents, accumulate);
     for (std::size_t e = 0; e < out_count; ++e) out[e] = bfloat16(result[e]);
   } else {
     detail::contract_checked<T>(operands, out_labels, out, out_extents, accumulate);
@@ -599,10 +609,10 @@ inline void release_workspace() {
 
 // Braced-list convenience: contract({{a, "ik", ae}, {b, "kj", be}}, "ij", c, ce).
 template <class T>
-void contract(std::initializer_list<operand_view<T>> operands, std::string_view out_labels,
-              T* out, std::span<const std::size_t> out_extents, bool accumulate = false) {
-  contract<T>(std::span<const operand_view<T>>(operands.begin(), operands.size()), out_labels,
-              out, out_extents, accumulate);
+void contract(std::initializer_list<operand_view<T>> operands, std::string_view out_labels, T* out,
+              std::span<const std::size_t> out_extents, bool accumulate = false) {
+  contract<T>(std::span<const operand_view<T>>(operands.begin(), operands.size()), out_labels, out,
+              out_extents, accumulate);
 }
 
 }  // namespace zest::host

@@ -45,8 +45,8 @@ inline constexpr std::size_t small_gemm_volume = 4096;
 // Loops in the compute type; for small products and as the last resort.
 template <class T>
 void gemm_loops(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
-                compute_type_t<T> alpha, const T* a, std::size_t lda, const T* b,
-                std::size_t ldb, compute_type_t<T> beta, T* c, std::size_t ldc) {
+                compute_type_t<T> alpha, const T* a, std::size_t lda, const T* b, std::size_t ldb,
+                compute_type_t<T> beta, T* c, std::size_t ldc) {
   using acc_t = compute_type_t<T>;
   const std::size_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
   const std::size_t b_row = trans_b ? 1 : ldb, b_col = trans_b ? ldb : 1;
@@ -66,8 +66,8 @@ void gemm_loops(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::s
 #if ZEST_HOST_GEMM_HAS_EIGEN
 // One product through Eigen (used when no BLAS is linked; correct for any strides).
 template <class T>
-void gemm_eigen(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
-                T alpha, const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c,
+void gemm_eigen(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
+                const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c,
                 std::size_t ldc) {
   using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using stride = Eigen::OuterStride<>;
@@ -107,9 +107,9 @@ void gemm_one(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::siz
   // A product with one output row or column is a matrix-vector product; GEMV streams the
   // matrix once where GEMM would pack it first (about twice as fast for "ij,j->i").
   if (n == 1 || m == 1) {
-    const auto gemv = [](int t, std::size_t rows, std::size_t cols, T alpha_,
-                         const T* mat, std::size_t ld, const T* x, std::size_t incx, T beta_,
-                         T* y, std::size_t incy) {
+    const auto gemv = [](int t, std::size_t rows, std::size_t cols, T alpha_, const T* mat,
+                         std::size_t ld, const T* x, std::size_t incx, T beta_, T* y,
+                         std::size_t incy) {
       const auto i = [](std::size_t v) { return static_cast<int>(v); };
       if constexpr (std::is_same_v<T, float>) {
         blas::sgemv(blas::row_major, t, i(rows), i(cols), alpha_, mat, i(ld), x, i(incx), beta_, y,
@@ -122,8 +122,8 @@ void gemm_one(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::siz
     if (n == 1) {  // c[i * ldc] = sum_p op(A)[i, p] * op(B)[p, 0]
       gemv(ta, trans_a ? k : m, trans_a ? m : k, alpha, a, lda, b, trans_b ? 1 : ldb, beta, c, ldc);
     } else {  // c[j] = sum_p op(A)[0, p] * op(B)[p, j], i.e. op(B)^T times a row
-      gemv(trans_b ? blas::no_trans : blas::trans, trans_b ? n : k, trans_b ? k : n, alpha, b, ldb, a,
-           trans_a ? lda : 1, beta, c, 1);
+      gemv(trans_b ? blas::no_trans : blas::trans, trans_b ? n : k, trans_b ? k : n, alpha, b, ldb,
+           a, trans_a ? lda : 1, beta, c, 1);
     }
     return;
   }
@@ -171,10 +171,10 @@ void gemm_strided_batched(bool trans_a, bool trans_b, std::size_t m, std::size_t
                           std::size_t stride_a, const T* b, std::size_t ldb, std::size_t stride_b,
                           compute_type_t<T> beta, T* c, std::size_t ldc, std::size_t stride_c,
                           std::size_t batch) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                    std::is_same_v<T, bfloat16>,
-                "zest::host::gemm_strided_batched: element type must be float, double or "
-                "zest::bfloat16");
+  static_assert(
+      std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bfloat16>,
+      "zest::host::gemm_strided_batched: element type must be float, double or "
+      "zest::bfloat16");
   using acc_t = compute_type_t<T>;
   if (m == 0 || n == 0 || batch == 0) return;
   const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
@@ -213,8 +213,10 @@ void gemm_strided_batched(bool trans_a, bool trans_b, std::size_t m, std::size_t
     // operand shared across the batch (stride 0) is converted once.
     std::vector<float> fa(a_rows * a_cols), fb(b_rows * b_cols), fc(m * n);
     for (std::size_t p = 0; p < batch; ++p) {
-      if (p == 0 || stride_a != 0) detail::to_float(a + p * stride_a, a_rows, a_cols, lda, fa.data());
-      if (p == 0 || stride_b != 0) detail::to_float(b + p * stride_b, b_rows, b_cols, ldb, fb.data());
+      if (p == 0 || stride_a != 0)
+        detail::to_float(a + p * stride_a, a_rows, a_cols, lda, fa.data());
+      if (p == 0 || stride_b != 0)
+        detail::to_float(b + p * stride_b, b_rows, b_cols, ldb, fb.data());
       T* cp = c + p * stride_c;
       if (beta != 0.0F) detail::to_float(cp, m, n, ldc, fc.data());
       detail::gemm_one<float>(trans_a, trans_b, m, n, k, alpha, fa.data(), a_cols, fb.data(),
@@ -225,8 +227,8 @@ void gemm_strided_batched(bool trans_a, bool trans_b, std::size_t m, std::size_t
     }
   } else {
     for (std::size_t p = 0; p < batch; ++p) {
-      detail::gemm_one<T>(trans_a, trans_b, m, n, k, alpha, a + p * stride_a, lda,
-                          b + p * stride_b, ldb, beta, c + p * stride_c, ldc);
+      detail::gemm_one<T>(trans_a, trans_b, m, n, k, alpha, a + p * stride_a, lda, b + p * stride_b,
+                          ldb, beta, c + p * stride_c, ldc);
     }
   }
 }

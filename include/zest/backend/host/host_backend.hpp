@@ -25,8 +25,9 @@ struct host_backend {
   // The data seen as [outer][D][inner]: `len` slices starting at src_off in a source with
   // D = src_d go to dst_off.. in a destination with D = dst_d.
   template <class T>
-  static void copy_slices(const T* src, std::size_t outer, std::size_t src_d, std::size_t src_off, T* dst,
-                          std::size_t dst_d, std::size_t dst_off, std::size_t len, std::size_t inner) {
+  static void copy_slices(const T* src, std::size_t outer, std::size_t src_d, std::size_t src_off,
+                          T* dst, std::size_t dst_d, std::size_t dst_off, std::size_t len,
+                          std::size_t inner) {
     const std::size_t run = len * inner;
     if (run == 0) return;
     for (std::size_t o = 0; o < outer; ++o) {
@@ -38,8 +39,8 @@ struct host_backend {
     std::fill_n(p, n, value);
   }
   template <class T>
-  static void contract(std::span<const host::operand_view<T>> operands, std::string_view out_labels, T* out,
-                       std::span<const std::size_t> out_extents) {
+  static void contract(std::span<const host::operand_view<T>> operands, std::string_view out_labels,
+                       T* out, std::span<const std::size_t> out_extents) {
     host::contract<T>(operands, out_labels, out, out_extents);
   }
   template <class T>

@@ -259,8 +259,8 @@ void permute(const S* src, std::span<const std::size_t> src_extents,
   }
   for (auto p : perm) {
     if (p >= rank || seen[p]) {
-      throw shape_error(zest::detail::message("zest: permute: entry ", p,
-                                              " is out of range or repeated"));
+      throw shape_error(
+          zest::detail::message("zest: permute: entry ", p, " is out of range or repeated"));
     }
     seen[p] = true;
   }
@@ -270,7 +270,8 @@ void permute(const S* src, std::span<const std::size_t> src_extents,
   for (std::size_t i = 0; i < rank; ++i) dst_extents[i] = src_extents[perm[i]];
   const auto dst_strides = detail::dense_strides(std::span(dst_extents.data(), rank));
   detail::strided_walk w;
-  for (std::size_t i = 0; i < rank; ++i) w.push(dst_extents[i], src_strides[perm[i]], dst_strides[i]);
+  for (std::size_t i = 0; i < rank; ++i)
+    w.push(dst_extents[i], src_strides[perm[i]], dst_strides[i]);
   if (accumulate) {
     detail::copy_strided<true>(w, src, dst);
   } else {
