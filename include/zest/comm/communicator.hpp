@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <sstream>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -130,6 +132,30 @@ class request {
   poll_fn poll_;
   bool done_ = false;
 };
+
+namespace detail {
+// Checked mode's report for an all_to_all whose counts do not pair up. `rows` holds, for
+// each rank r, its send counts then its receive counts (2n words per rank):
+//   "rank 1 expects 3 elements from rank 0, which sends it 2; ..."
+inline std::string describe_count_pairing(std::span<const std::uint64_t> rows, std::size_t n) {
+  std::ostringstream out;
+  std::size_t shown = 0, found = 0;
+  for (std::size_t to = 0; to < n; ++to) {
+    for (std::size_t from = 0; from < n; ++from) {
+      const std::uint64_t sent = rows[from * 2 * n + to];
+      const std::uint64_t expected = rows[to * 2 * n + n + from];
+      if (sent == expected) continue;
+      ++found;
+      if (shown++ < 8) {
+        out << (shown == 1 ? "" : "; ") << "rank " << to << " expects " << expected
+            << " elements from rank " << from << ", which sends it " << sent;
+      }
+    }
+  }
+  if (found > shown) out << "; and " << found - shown << " more";
+  return out.str();
+}
+}  // namespace detail
 
 // The concept, checked with float; implementations provide the same members for every
 // element type of zest/core/dtype.hpp. Empty `counts` mean equal chunks.

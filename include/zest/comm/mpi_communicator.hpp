@@ -824,22 +824,7 @@ class mpi_core {
       broken_ = "an all_to_all count check timed out";
       throw timeout(op, started, true);
     }
-    std::ostringstream out;
-    std::size_t shown = 0, found = 0;
-    for (std::size_t to = 0; to < n; ++to) {
-      for (std::size_t from = 0; from < n; ++from) {
-        const std::uint64_t sent = all_rows[from * 2 * n + to];
-        const std::uint64_t expected = all_rows[to * 2 * n + n + from];
-        if (sent == expected) continue;
-        ++found;
-        if (shown++ < 8) {
-          out << (shown == 1 ? "" : "; ") << "rank " << to << " expects " << expected
-              << " elements from rank " << from << ", which sends it " << sent;
-        }
-      }
-    }
-    if (found > shown) out << "; and " << found - shown << " more";
-    return out.str();
+    return describe_count_pairing(all_rows, n);
   }
 
   void decide(checked_op& op, watchdog_clock::time_point started,

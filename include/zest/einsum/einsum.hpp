@@ -277,8 +277,10 @@ decltype(auto) in_layout(const X& x) {
   }
 }
 
+// Checks that every letter has one extent across the operands (throws shape_error naming
+// the spec, the dim and both extents) and returns the output's global extents.
 template <fixed_string Spec, class... X>
-void check_extents(const X&... xs) {
+std::array<std::size_t, parsed_spec<Spec>.output.size> checked_output_extents(const X&... xs) {
   static constexpr const einsum_spec& s = parsed_spec<Spec>;
   std::array<std::size_t, 128> extent{};
   std::array<int, 128> seen_in{};
@@ -301,6 +303,10 @@ void check_extents(const X&... xs) {
     ++operand;
   };
   (visit(xs), ...);
+  std::array<std::size_t, s.output.size> out{};
+  for (std::size_t k = 0; k < out.size(); ++k)
+    out[k] = extent[static_cast<unsigned char>(s.output.letters[k])];
+  return out;
 }
 
 }  // namespace detail
@@ -318,22 +324,9 @@ auto einsum(const X&... xs) {
     using traits = detail::einsum_traits<Spec, O1, O2, X...>;
     using value_type = typename traits::value_type;
     using contraction_t = typename traits::contraction_type;
-    detail::check_extents<Spec>(xs...);
-
+    const typename contraction_t::extents_type out_extents =
+        detail::checked_output_extents<Spec>(xs...);
     const auto& mesh = std::get<0>(std::forward_as_tuple(xs...)).mesh();
-    // Global extent of each output dim, from the first operand that has it.
-    typename contraction_t::extents_type out_extents{};
-    {
-      std::size_t operand = 0;
-      auto visit = [&](const auto& x) {
-        const auto& term = traits::spec.inputs[operand++];
-        for (std::size_t k = 0; k < traits::spec.output.size; ++k) {
-          if (term.has(traits::spec.output.letters[k]))
-            out_extents[k] = x.extents()[term.index(traits::spec.output.letters[k])];
-        }
-      };
-      (visit(xs), ...);
-    }
 
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       // Bring every operand to its planned layout (the plan's collectives happen here).

@@ -95,6 +95,32 @@ constexpr bool is_split_prefix(const layout_value& cur, const layout_value& to, 
 }
 }  // namespace detail
 
+namespace detail {
+// The layout after one step.
+// Shared by the planner below, redistribute's execution and explain's byte model.
+constexpr layout_value after_step(layout_value v, const transition_step& s) {
+  auto& p = v.axes[s.axis];
+  switch (s.kind) {
+    case step_kind::all_gather:
+    case step_kind::all_reduce: p = axis_placement{}; break;
+    case step_kind::zero_partial: p = axis_placement{placement_kind::partial, 0, 0}; break;
+    case step_kind::slice:
+    case step_kind::reduce_scatter: {
+      const auto order = static_cast<std::uint8_t>(v.split_count(s.dim));
+      p = axis_placement{placement_kind::split, s.dim, order};
+      break;
+    }
+    case step_kind::all_to_all: {
+      const auto order = static_cast<std::uint8_t>(v.split_count(s.to_dim));
+      p = axis_placement{placement_kind::split, s.to_dim, order};
+      break;
+    }
+  }
+  return v;
+}
+
+}  // namespace detail
+
 constexpr transition_plan plan_transition(const layout_value& from, const layout_value& to) {
   transition_plan plan;
   layout_value cur = from;

@@ -100,29 +100,6 @@ struct plan_report {
 
 namespace detail {
 
-// The layout after one step.
-constexpr layout_value after_step(layout_value v, const transition_step& s) {
-  auto& p = v.axes[s.axis];
-  switch (s.kind) {
-    case step_kind::all_gather:
-    case step_kind::all_reduce: p = axis_placement{}; break;
-    case step_kind::zero_partial: p = axis_placement{placement_kind::partial, 0, 0}; break;
-    case step_kind::slice:
-    case step_kind::reduce_scatter: {
-      const auto order = static_cast<std::uint8_t>(v.split_count(s.dim));
-      p = axis_placement{placement_kind::split, s.dim, order};
-      break;
-    }
-    case step_kind::all_to_all: {
-      p = axis_placement{};
-      const auto order = static_cast<std::uint8_t>(v.split_count(s.to_dim));
-      p = axis_placement{placement_kind::split, s.to_dim, order};
-      break;
-    }
-  }
-  return v;
-}
-
 // Elements this rank holds under layout v (coordinates `coords`).
 template <fixed_string Dims, class Mesh, class Extents, class Coords>
 std::size_t local_elements(const layout_value& v, const Extents& global, const Mesh& mesh,
@@ -222,12 +199,12 @@ plan_report explain(const X&... xs) {
   using traits = detail::einsum_traits<Spec, O1, O2, X...>;
   static constexpr const einsum_plan& plan = traits::plan;
   using value_type = typename traits::value_type;
-  detail::check_extents<Spec>(xs...);
+  const typename traits::contraction_type::extents_type out_extents =
+      detail::checked_output_extents<Spec>(xs...);
   const auto& mesh = std::get<0>(std::forward_as_tuple(xs...)).mesh();
   plan_report r;
   r.title = std::string("einsum \"") + std::string(Spec.view()) + "\" on " + mesh.describe() +
             ", policy " + detail::policy_name<typename traits::options::policy>();
-  typename traits::contraction_type::extents_type out_extents{};
   std::size_t operand = 0;
   auto visit = [&](const auto& x) {
     using x_t = std::remove_cvref_t<decltype(x)>;
@@ -239,11 +216,6 @@ plan_report explain(const X&... xs) {
       r.note(1, head + " -> " + to_string(plan.operand_layouts[i], x_t::mesh_type::axis_names));
       detail::describe_steps<x_t::dims>(r, 2, plan.operand_steps[i], x_t::layout, x.extents(), mesh,
                                         sizeof(value_type));
-    }
-    for (std::size_t k = 0; k < traits::spec.output.size; ++k) {
-      const char d = traits::spec.output.letters[k];
-      if (traits::spec.inputs[i].has(d))
-        out_extents[k] = x.extents()[traits::spec.inputs[i].index(d)];
     }
   };
   (visit(xs), ...);

@@ -71,12 +71,6 @@ slab<Rank> slab_around(const std::array<std::size_t, Rank>& ext, std::size_t dim
   return s;
 }
 
-template <class Mesh, class Coords>
-block_range range_at(const layout_value& v, char d, std::size_t extent, const Mesh& mesh,
-                     const Coords& coords) {
-  return dim_range(v, d, extent, mesh.sizes(), coords);
-}
-
 template <class T, fixed_string Dims, class Mesh, class Backend, std::size_t Rank>
 void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
                 const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
@@ -89,17 +83,14 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
   switch (s.kind) {
     case step_kind::all_reduce: {
       comm.all_reduce(std::span<T>(sh.writable(), sh.data.size()), reduce_op::sum);
-      sh.layout.axes[s.axis] = axis_placement{};
       return;
     }
     case step_kind::zero_partial: {
       if (me != 0) Backend::fill(sh.writable(), sh.data.size(), T{});
-      sh.layout.axes[s.axis] = axis_placement{placement_kind::partial, 0, 0};
       return;
     }
     case step_kind::slice: {
       const std::size_t i = dim_of(s.dim);
-      const auto order = static_cast<std::uint8_t>(sh.layout.split_count(s.dim));
       const block_range part = balanced_block(sh.local[i], n, me);
       const auto sl = slab_around(sh.local, i);
       typename Backend::template buffer<T> out(sl.outer * part.size * sl.inner);
@@ -107,7 +98,6 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
                            0, part.size, sl.inner);
       sh.replace(std::move(out));
       sh.local[i] = part.size;
-      sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.dim, order};
       return;
     }
     case step_kind::all_gather: {
@@ -117,7 +107,7 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
       std::vector<block_range> ranges(n);
       for (std::size_t c = 0; c < n; ++c) {
         coords[s.axis] = static_cast<int>(c);
-        ranges[c] = range_at(sh.layout, s.dim, global[i], mesh, coords);
+        ranges[c] = dim_range(sh.layout, s.dim, global[i], mesh.sizes(), coords);
         counts[c] = sl.outer * ranges[c].size * sl.inner;
       }
       std::size_t full = 0;
@@ -142,12 +132,10 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
       }
       sh.replace(std::move(out));
       sh.local[i] = full;
-      sh.layout.axes[s.axis] = axis_placement{};
       return;
     }
     case step_kind::reduce_scatter: {
       const std::size_t i = dim_of(s.dim);
-      const auto order = static_cast<std::uint8_t>(sh.layout.split_count(s.dim));
       const auto sl = slab_around(sh.local, i);
       std::vector<std::size_t> counts(n);
       std::vector<block_range> parts(n);
@@ -174,7 +162,6 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
       }
       sh.replace(std::move(out));
       sh.local[i] = parts[me].size;
-      sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.dim, order};
       return;
     }
     case step_kind::all_to_all: {
@@ -182,7 +169,6 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
       // my block cut to its part of to_dim; I get every rank's block of `dim` cut to mine.
       const std::size_t i = dim_of(s.dim);
       const std::size_t j = dim_of(s.to_dim);
-      const auto order = static_cast<std::uint8_t>(sh.layout.split_count(s.to_dim));
       const auto send_slab = slab_around(sh.local, j);
       std::vector<std::size_t> send_counts(n), recv_counts(n);
       std::vector<block_range> to_parts(n), from_ranges(n);
@@ -190,7 +176,7 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
         to_parts[c] = balanced_block(sh.local[j], n, c);
         send_counts[c] = send_slab.outer * to_parts[c].size * send_slab.inner;
         coords[s.axis] = static_cast<int>(c);
-        from_ranges[c] = range_at(sh.layout, s.dim, global[i], mesh, coords);
+        from_ranges[c] = dim_range(sh.layout, s.dim, global[i], mesh.sizes(), coords);
       }
       // Elements other than dims i and j are the same on every rank of the axis.
       std::size_t rest = 1;
@@ -231,7 +217,6 @@ void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
       }
       sh.replace(std::move(out));
       sh.local = out_local;
-      sh.layout.axes[s.axis] = axis_placement{placement_kind::split, s.to_dim, order};
       return;
     }
   }
@@ -251,7 +236,10 @@ typename Backend::template buffer<T> run_transition(const transition_plan& plan,
                                                     const std::array<std::size_t, Rank>& global,
                                                     const Mesh& mesh) {
   moving_shard<T, Backend, Rank> sh{from, local, data, {}, true};
-  for (const auto& s : plan) apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
+  for (const auto& s : plan) {
+    apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
+    sh.layout = after_step(sh.layout, s);
+  }
   return sh.release();
 }
 template <fixed_string Dims, class Buffer, class Mesh, std::size_t Rank,
@@ -263,7 +251,10 @@ requires(!std::is_lvalue_reference_v<Buffer>) Buffer
   using T = typename Buffer::value_type;
   moving_shard<T, Backend, Rank> sh{from, local, {}, {}, true};
   sh.replace(std::move(data));
-  for (const auto& s : plan) apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
+  for (const auto& s : plan) {
+    apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
+    sh.layout = after_step(sh.layout, s);
+  }
   return sh.release();
 }
 }  // namespace detail

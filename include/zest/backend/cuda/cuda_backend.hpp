@@ -445,70 +445,9 @@ void run_gemms(const gemm_plan& plan, const S* x, const S* y, C* z, bool accumul
   }
 }
 
-// Which tensors to permute, and the GEMM plan on the result: the same search as the host's
-// contract_pair (every subset of {x, y, z} permuted to the canonical batched-GEMM layouts).
-struct pair_choice {
-  gemm_plan plan;
-  tensor_layout x, y, z;
-  bool px = false, py = false, pz = false;
-  double cost = std::numeric_limits<double>::infinity();
-};
-inline pair_choice choose_pair_plan(const tensor_layout& x, const tensor_layout& y,
-                                    const tensor_layout& z) {
-  using host::detail::gemm_cost;
-  using host::detail::plan_direct;
-  const auto in_x = [&](char l) { return x.has(l); };
-  const auto in_y = [&](char l) { return y.has(l); };
-  const auto in_z = [&](char l) { return z.has(l); };
-  pair_choice best;
-  std::size_t batch_count = 1, m_all = 1, n_all = 1, k_all = 1;
-  for (std::size_t d = 0; d < x.rank; ++d) {
-    const char l = x.label[d];
-    (y.has(l) ? (z.has(l) ? batch_count : k_all) : m_all) *= x.extent[d];
-  }
-  for (std::size_t d = 0; d < y.rank; ++d) {
-    if (!x.has(y.label[d])) n_all *= y.extent[d];
-  }
-  const double ideal = std::min(gemm_cost(m_all, n_all, k_all, batch_count),
-                                gemm_cost(n_all, m_all, k_all, batch_count));
-  for (unsigned mask = 0; mask < 8; ++mask) {
-    const bool px = (mask & 1U) != 0, py = (mask & 2U) != 0, pz = (mask & 4U) != 0;
-    const tensor_layout& batch_src = !pz ? z : !px ? x : !py ? y : z;
-    const tensor_layout& fx_src = !pz ? z : !px ? x : z;
-    const tensor_layout& fy_src = !pz ? z : !py ? y : z;
-    const tensor_layout& k_src = !px ? x : !py ? y : x;
-    const std::string batch =
-        labels_in_order(batch_src, [&](char l) { return in_x(l) && in_y(l) && in_z(l); });
-    const std::string free_x =
-        labels_in_order(fx_src, [&](char l) { return in_x(l) && !in_y(l) && in_z(l); });
-    const std::string free_y =
-        labels_in_order(fy_src, [&](char l) { return !in_x(l) && in_y(l) && in_z(l); });
-    const std::string con =
-        labels_in_order(k_src, [&](char l) { return in_x(l) && in_y(l) && !in_z(l); });
-    pair_choice c;
-    c.px = px;
-    c.py = py;
-    c.pz = pz;
-    c.x = px ? dense_layout_like(batch + free_x + con, x) : x;
-    c.y = py ? dense_layout_like(batch + con + free_y, y) : y;
-    c.z = pz ? dense_layout_like(batch + free_x + free_y, z) : z;
-    if ((px && c.x.labels() == x.labels()) || (py && c.y.labels() == y.labels()) ||
-        (pz && c.z.labels() == z.labels())) {
-      continue;
-    }
-    c.plan = plan_direct(c.x, c.y, c.z);
-    if (!c.plan.valid) continue;
-    c.cost = c.plan.cost +
-             host::detail::permute_cost_per_element *
-                 double((px ? x.size() : 0) + (py ? y.size() : 0) + (pz ? 2 * z.size() : 0));
-    if (c.cost < best.cost) best = c;
-    if (mask == 0 && best.cost <= ideal) break;
-  }
-  if (!best.plan.valid) {
-    throw shape_error("zest: cuda contract: internal error, no GEMM plan found");  // unreachable
-  }
-  return best;
-}
+// Which tensors to permute, and the GEMM plan on the result: the host's search.
+using host::detail::choose_pair_plan;
+using host::detail::pair_choice;
 
 // Two operands, checks done, no zero extents. S is float or double, or bfloat16 when no
 // dim is summed out of one operand alone (contract() converts that case to float).

@@ -352,40 +352,24 @@ std::string labels_in_order(const tensor_layout& order, Keep keep) {
   return s;
 }
 
-// Two operands, all checks done, no zero extents; T is float or double.
-template <class T>
-void contract_pair(tensor_layout x, const T* xd, tensor_layout y, const T* yd,
-                   const tensor_layout& z, T* out, bool accumulate) {
-  // Dims in one operand only and not in the output are summed out of it first:
-  // "ij,jk->k" sums i out of the first operand, then is "j,jk->k".
-  const auto sum_only_dims = [&z](tensor_layout& t, const T*& data, const tensor_layout& other,
-                                  scratch_slot slot) {
-    const std::string kept = labels_in_order(t, [&](char l) { return z.has(l) || other.has(l); });
-    if (kept.size() == t.rank) return;
-    const tensor_layout reduced = dense_layout_like(kept, t);
-    T* buffer = scratch<T>(slot, reduced.size());
-    std::fill_n(buffer, reduced.size(), T(0));
-    reduce_into(t, data, reduced, buffer);
-    t = reduced;
-    data = buffer;
-  };
-  sum_only_dims(x, xd, y, reduced_x);
-  sum_only_dims(y, yd, x, reduced_y);
-
-  // Try every subset of {x, y, z} to permute into the canonical batched-GEMM layouts
-  //   x' = (batch, free x, contracted), y' = (batch, contracted, free y),
-  //   z' = (batch, free x, free y)
-  // (groups ordered like an unpermuted tensor that holds them, so the GEMM can use it
-  // as is) and keep the cheapest; all three permuted always gives a plan.
+// Which tensors to permute, and the GEMM plan on the result. Every subset of {x, y, z} is
+// tried permuted into the canonical batched-GEMM layouts
+//   x' = (batch, free x, contracted), y' = (batch, contracted, free y),
+//   z' = (batch, free x, free y)
+// (groups ordered like an unpermuted tensor that holds them, so the GEMM can use it as is)
+// and the cheapest kept; all three permuted always gives a plan. Shared with the CUDA backend.
+struct pair_choice {
+  gemm_plan plan;
+  tensor_layout x, y, z;
+  bool px = false, py = false, pz = false;
+  double cost = std::numeric_limits<double>::infinity();
+};
+inline pair_choice choose_pair_plan(const tensor_layout& x, const tensor_layout& y,
+                                    const tensor_layout& z) {
   const auto in_x = [&](char l) { return x.has(l); };
   const auto in_y = [&](char l) { return y.has(l); };
   const auto in_z = [&](char l) { return z.has(l); };
-  struct choice {
-    gemm_plan plan;
-    tensor_layout x, y, z;
-    bool px = false, py = false, pz = false;
-    double cost = std::numeric_limits<double>::infinity();
-  } best;
+  pair_choice best;
   // A plan on the tensors as they are that is as good as the canonical one (one GEMM per
   // batch index, with all free and contracted dims) cannot be beaten: skip the search.
   std::size_t batch_count = 1, m_all = 1, n_all = 1, k_all = 1;
@@ -412,7 +396,7 @@ void contract_pair(tensor_layout x, const T* xd, tensor_layout y, const T* yd,
         labels_in_order(fy_src, [&](char l) { return !in_x(l) && in_y(l) && in_z(l); });
     const std::string con =
         labels_in_order(k_src, [&](char l) { return in_x(l) && in_y(l) && !in_z(l); });
-    choice c;
+    pair_choice c;
     c.px = px;
     c.py = py;
     c.pz = pz;
@@ -435,6 +419,30 @@ void contract_pair(tensor_layout x, const T* xd, tensor_layout y, const T* yd,
   if (!best.plan.valid) {
     throw shape_error("zest: contract: internal error, no GEMM plan found");  // unreachable
   }
+  return best;
+}
+
+// Two operands, all checks done, no zero extents; T is float or double.
+template <class T>
+void contract_pair(tensor_layout x, const T* xd, tensor_layout y, const T* yd,
+                   const tensor_layout& z, T* out, bool accumulate) {
+  // Dims in one operand only and not in the output are summed out of it first:
+  // "ij,jk->k" sums i out of the first operand, then is "j,jk->k".
+  const auto sum_only_dims = [&z](tensor_layout& t, const T*& data, const tensor_layout& other,
+                                  scratch_slot slot) {
+    const std::string kept = labels_in_order(t, [&](char l) { return z.has(l) || other.has(l); });
+    if (kept.size() == t.rank) return;
+    const tensor_layout reduced = dense_layout_like(kept, t);
+    T* buffer = scratch<T>(slot, reduced.size());
+    std::fill_n(buffer, reduced.size(), T(0));
+    reduce_into(t, data, reduced, buffer);
+    t = reduced;
+    data = buffer;
+  };
+  sum_only_dims(x, xd, y, reduced_x);
+  sum_only_dims(y, yd, x, reduced_y);
+
+  const pair_choice best = choose_pair_plan(x, y, z);
   if (best.px) {
     T* xp = scratch<T>(permuted_x, x.size());
     relayout<false>(x, xd, best.x, xp);
