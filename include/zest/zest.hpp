@@ -11,7 +11,10 @@
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
+#include "zest/core/float16.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/files.hpp"
+#include "zest/core/json.hpp"
 #include "zest/core/memory.hpp"
 
 #include "zest/comm/checked.hpp"
@@ -47,10 +50,23 @@
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/einsum_grad.hpp"
 #include "zest/autodiff/tape.hpp"
+#include "zest/autodiff/ops.hpp"
 
 #include "zest/data/batches.hpp"
 #include "zest/data/text_dataset.hpp"
 
+#include "zest/io/checkpoint.hpp"
+#include "zest/io/checksum.hpp"
+
 #include "zest/mesh/mesh_shape.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/stage.hpp"
+
+#include "zest/optim/adamw.hpp"
+#include "zest/optim/clip.hpp"
+#include "zest/optim/loss_scaler.hpp"
+#include "zest/optim/schedule.hpp"
+
+#include "zest/report/progress.hpp"
+#include "zest/report/svg_plot.hpp"
+#include "zest/report/training_log.hpp"

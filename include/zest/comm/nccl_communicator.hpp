@@ -145,6 +145,7 @@ constexpr nccl_type nccl_type_of() {
   if constexpr (t == dtype::f32) return {ncclFloat32, 1, true};
   else if constexpr (t == dtype::f64) return {ncclFloat64, 1, true};
   else if constexpr (t == dtype::bf16) return {ncclBfloat16, 1, true};
+  else if constexpr (t == dtype::f16) return {ncclHalf, 1, true};
   else if constexpr (t == dtype::i32) return {ncclInt32, 1, true};
   else if constexpr (t == dtype::i64) return {ncclInt64, 1, true};
   else if constexpr (t == dtype::u8) return {ncclUint8, 1, true};

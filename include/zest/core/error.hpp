@@ -35,6 +35,13 @@ class communicator_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A checkpoint cannot be written or read: an I/O error, a corrupt or truncated file, a
+// checkpoint that does not match the model. Thrown on every rank of the collective.
+class checkpoint_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 // Builds a message from pieces: detail::message("einsum \"", spec, "\": dim '", d, "'").
 template <class... Parts>

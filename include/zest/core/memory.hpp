@@ -42,6 +42,12 @@ inline void note_freed(std::size_t bytes) {
   host_counters().live.fetch_sub(static_cast<std::int64_t>(bytes));
 }
 
+// Frees a container's storage now (`v = {}` and clear() keep the capacity).
+template <class Container>
+void release(Container& v) noexcept {
+  Container().swap(v);
+}
+
 // A std::allocator that counts; 64-byte aligned so that vectorised kernels see aligned rows.
 template <class T>
 struct tracking_allocator {

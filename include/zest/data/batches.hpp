@@ -22,19 +22,12 @@
 
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/random.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/tensor/tensor.hpp"
 
 namespace zest {
-
-// Steele, Lea & Flood's splitmix64 finaliser: a bijection of 64-bit words that mixes well.
-constexpr std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // A random word for (seed, step, row): for fixed seed and step, distinct rows give
 // distinct words (each round is a bijection).

@@ -1,0 +1,63 @@
+// zest/nn/attention.hpp — multi-head causal self-attention.
+//
+//   q, k, v = x W_q + b_q, ...          "btm,mnd->bntd"   (n heads of d dims)
+//   scores  = q k^T / sqrt(d)           "bntd,bnsd->bnts" (keys relabelled t -> s)
+//   p       = causal softmax over s     (s > t masked)
+//   out     = p v, then W_o + b_o       "bnts,bnsd->bntd", "bntd,ndm->btm"
+//
+// With activations split over the batch and weights used replicated (ZeRO), every einsum is
+// local; the layout rules would insert the collectives of any other placement.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "zest/autodiff/ops.hpp"
+#include "zest/nn/linear.hpp"
+#include "zest/nn/parameter.hpp"
+#include "zest/tensor/relabel.hpp"
+
+namespace zest {
+
+template <training_policy_type P>
+class causal_self_attention {
+ public:
+  // `residual_std`: the output projection's init (GPT-2 scales it by 1/sqrt(2 layers)).
+  causal_self_attention(zero_engine<P>& engine, const std::string& name, std::size_t width,
+                        std::size_t heads, double residual_std = 0.02)
+      : heads_(heads),
+        head_dim_(check_heads(width, heads)),
+        q_(engine, name + ".q", {width, heads, head_dim_}, {heads, head_dim_}),
+        k_(engine, name + ".k", {width, heads, head_dim_}, {heads, head_dim_}),
+        v_(engine, name + ".v", {width, heads, head_dim_}, {heads, head_dim_}),
+        o_(engine, name + ".proj", {heads, head_dim_, width}, {width}, residual_std) {}
+
+  template <sharded_tensor X>
+  auto operator()(const autodiff::variable<X>& x) const {
+    using T = typename X::value_type;
+    auto q = autodiff::scale(q_(x), static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
+    auto k = relabel<"bnsd">(k_(x));
+    auto v = relabel<"bnsd">(v_(x));
+    auto scores = autodiff::einsum<"bntd,bnsd->bnts">(q, k);
+    auto p = autodiff::causal_softmax<'t', 's'>(scores);
+    auto ctx = autodiff::einsum<"bnts,bnsd->bntd">(p, v);
+    return o_(ctx);
+  }
+
+  std::size_t heads() const { return heads_; }
+
+ private:
+  static std::size_t check_heads(std::size_t width, std::size_t heads) {
+    if (heads == 0 || width % heads != 0) {
+      throw shape_error(detail::message("zest causal_self_attention: width ", width,
+                                        " is not a multiple of the number of heads ", heads));
+    }
+    return width / heads;
+  }
+
+  std::size_t heads_, head_dim_;
+  linear<P, "btm,mnd->bntd", "mnd", "nd"> q_, k_, v_;
+  linear<P, "bntd,ndm->btm", "ndm", "m"> o_;
+};
+
+}  // namespace zest

@@ -1,0 +1,184 @@
+// zest/optim/clip.hpp — the global gradient norm over sharded gradients, and clipping.
+//
+//   const double norm = zest::global_norm(mesh, grad_w1, grad_w2, grad_b);   // every rank
+//   const float coef = zest::clip_coefficient(norm, 1.0);                    // <= 1
+//   zest::adamw_update(master, grad, m, v, step, lr, c, coef / loss_scale);
+//
+// The norm is that of the global (logical) gradients: every element counted exactly once,
+// whatever the layouts. A rank's block counts when it is this rank's own: on every mesh
+// axis along which the layout is replicated only coordinate 0 counts (the others hold
+// copies of the same block); along split axes every rank counts its block (they are
+// disjoint). A partial layout holds summands, not values, so it is refused at compile time:
+// reduce the gradient first (all-reduce or reduce-scatter it, as the ZeRO stages do).
+//
+// Each rank sums the squares of the elements it counts in double; one all_reduce of that
+// one double over mesh.world() gives the total. The world communicator is apart from the
+// axis communicators, so their counters (which tests compare with formulas) do not see it.
+//
+// For a run-time list of gradients (parameters of several element types, shards owned by
+// some ranks only) global_norm also takes a span of norm_term: the values this rank holds
+// and whether they count here; norm_term_of(tensor) makes one with the rule above.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <variant>
+
+#include "zest/backend/host/host_backend.hpp"
+#include "zest/comm/communicator.hpp"
+#include "zest/core/bfloat16.hpp"
+#include "zest/core/float16.hpp"
+#include "zest/core/memory.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/tensor/tensor.hpp"
+
+namespace zest {
+
+// One gradient block of a run-time list: the values this rank holds (host memory) and
+// whether they count on this rank (false for copies another rank counts).
+struct norm_term {
+  using values_type = std::variant<std::span<const float>, std::span<const bfloat16>,
+                                   std::span<const float16>, std::span<const double>>;
+  values_type values;
+  bool counted = true;
+};
+
+namespace clip_error {
+// Instantiated with the gradient's tensor type and the index of its partial mesh axis, so
+// the compiler's "In instantiation of" line above the message shows both.
+template <class Gradient, std::size_t PartialAxis>
+struct global_norm_of_partial_gradient {
+  static_assert(layout_error::always_false<Gradient>,
+                "zest global_norm: a gradient with a partial layout holds summands, not values; "
+                "reduce the gradient first (all-reduce or reduce-scatter it to a replicated or "
+                "split layout), then take its norm");
+};
+}  // namespace clip_error
+
+namespace detail {
+
+template <class T>
+inline double square_as_double(T x) {
+  const auto d = static_cast<double>(static_cast<compute_type_t<T>>(x));
+  return d * d;
+}
+
+// Sum of squares in double. Sixteen independent accumulators: the inner loop has a fixed
+// trip count and no loop-carried dependence between lanes, so it vectorises, and the
+// result does not depend on the compiler (the lanes are added in a fixed order).
+template <class T>
+double sum_of_squares(std::span<const T> values) {
+  constexpr std::size_t lanes = 16;
+  double acc[lanes] = {};
+  const T* x = values.data();
+  const std::size_t n = values.size();
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) acc[j] += square_as_double(x[i + j]);
+  }
+  for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += square_as_double(x[i]);
+  double total = 0;
+  for (const double a : acc) total += a;
+  return total;
+}
+
+template <sharded_tensor G>
+constexpr void check_norm_layout() {
+  using X = std::remove_cvref_t<G>;
+  using mesh_t = typename X::mesh_type;
+  static_assert(std::is_floating_point_v<compute_type_t<typename X::value_type>>,
+                "zest global_norm: gradients are float, double, zest::bfloat16 or zest::float16");
+  constexpr std::size_t partial_axis = [] {
+    for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
+      if (X::layout.is_partial(a)) return a;
+    }
+    return mesh_t::axis_count;
+  }();
+  if constexpr (partial_axis < mesh_t::axis_count) {
+    (void)clip_error::global_norm_of_partial_gradient<X, partial_axis>{};
+  }
+}
+
+template <sharded_tensor G>
+double tensor_sum_of_squares(const G& g) {
+  using X = std::remove_cvref_t<G>;
+  using T = typename X::value_type;
+  if constexpr (std::is_same_v<typename X::backend_type, host_backend>) {
+    return sum_of_squares<T>(g.local());
+  } else {
+    const host_vector<T> copy = g.local_to_host();
+    return sum_of_squares<T>(std::span<const T>(copy.data(), copy.size()));
+  }
+}
+
+template <class Mesh>
+double all_reduce_sum(const Mesh& mesh, double local) {
+  mesh.world().all_reduce(std::span<double>(&local, 1), reduce_op::sum);
+  return local;
+}
+
+}  // namespace detail
+
+// Whether tensor g's block on this rank is the one that counts its elements: coordinate 0
+// along every axis on which its layout is replicated. (Partial layouts do not compile.)
+template <sharded_tensor G>
+bool counts_on_this_rank(const G& g) {
+  using X = std::remove_cvref_t<G>;
+  detail::check_norm_layout<X>();
+  for (std::size_t a = 0; a < X::mesh_type::axis_count; ++a) {
+    if (X::layout.is_replicate(a) && g.mesh().coord(a) != 0) return false;
+  }
+  return true;
+}
+
+// The norm_term of a tensor in host memory: its local block, counted by the rule above.
+template <sharded_tensor G>
+norm_term norm_term_of(const G& g) {
+  using X = std::remove_cvref_t<G>;
+  static_assert(std::is_same_v<typename X::backend_type, host_backend>,
+                "zest norm_term_of: the tensor's block must be in host memory; global_norm "
+                "takes device tensors directly");
+  return norm_term{g.local(), counts_on_this_rank(g)};
+}
+
+// This rank's sum of squares over the terms it counts (no communication).
+inline double local_sum_of_squares(std::span<const norm_term> terms) {
+  double total = 0;
+  for (const auto& t : terms) {
+    if (!t.counted) continue;
+    total += std::visit([](auto values) { return detail::sum_of_squares(values); }, t.values);
+  }
+  return total;
+}
+
+// The 2-norm of the global gradients: the same value on every rank. One all_reduce of one
+// double on mesh.world(); every rank of the mesh must call it.
+template <class Mesh, sharded_tensor... G>
+double global_norm(const Mesh& mesh, const G&... grads) {
+  (detail::check_norm_layout<G>(), ...);
+  double local = 0;
+  ((local += counts_on_this_rank(grads) ? detail::tensor_sum_of_squares(grads) : 0.0), ...);
+  return std::sqrt(detail::all_reduce_sum(mesh, local));
+}
+
+// The same over a run-time list of terms.
+template <class Mesh>
+double global_norm(const Mesh& mesh, std::span<const norm_term> terms) {
+  return std::sqrt(detail::all_reduce_sum(mesh, local_sum_of_squares(terms)));
+}
+
+// The factor to multiply gradients by so that their norm is at most max_norm:
+// min(1, max_norm / (norm + 1e-6)). max_norm <= 0 turns clipping off (1). An infinite norm
+// gives 0; a NaN norm gives NaN, so that a broken gradient is not silently applied.
+inline float clip_coefficient(double norm, double max_norm) {
+  if (!(max_norm > 0)) return 1.0F;
+  if (std::isnan(norm)) return std::numeric_limits<float>::quiet_NaN();
+  const double c = max_norm / (norm + 1e-6);
+  return c < 1.0 ? static_cast<float>(c) : 1.0F;
+}
+
+}  // namespace zest

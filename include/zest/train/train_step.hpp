@@ -1,0 +1,55 @@
+// zest/train/train_step.hpp — one optimizer step of a model on one batch, with its numbers.
+//
+//   auto r = zest::train_step(engine, model, inputs, targets, schedule(step), seed);
+//   r.loss;               // the global mean loss (every rank)
+//   r.traffic;            // parameter and gradient collectives of this step (axis counters)
+//   r.scalar_traffic;     // loss, norm and agreement reductions (world counter)
+//
+// The model is anything with loss(tape&, inputs, targets, seed) returning a scalar variable.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "zest/autodiff/tape.hpp"
+#include "zest/comm/communicator.hpp"
+#include "zest/core/memory.hpp"
+#include "zest/zero/engine.hpp"
+
+namespace zest {
+
+struct train_step_result {
+  double loss = 0;
+  step_report report;
+  comm_stats traffic;          // over the mesh's axis communicators
+  comm_stats scalar_traffic;   // over the world communicator
+  double seconds = 0;
+  std::int64_t peak_bytes = 0;  // zest's live bytes at their highest during the step
+};
+
+template <class P, class Model, sharded_tensor Ids, sharded_tensor Targets>
+train_step_result train_step(zero_engine<P>& engine, const Model& model, const Ids& inputs,
+                             const Targets& targets, double lr, std::uint64_t seed = 0) {
+  const auto& mesh = engine.mesh();
+  const comm_stats axes_before = mesh.stats();
+  const comm_stats world_before = mesh.world().stats();
+  memory::reset_peak();
+  const auto start = std::chrono::steady_clock::now();
+
+  train_step_result r;
+  {
+    autodiff::tape t;
+    auto loss = model.loss(t, inputs, targets, seed);
+    r.loss = engine.scalar_value(loss.value());
+    engine.backward(loss);
+  }
+  r.report = engine.step(lr);
+
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.peak_bytes = memory::peak_bytes();
+  r.traffic = mesh.stats() - axes_before;
+  r.scalar_traffic = mesh.world().stats() - world_before;
+  return r;
+}
+
+}  // namespace zest

@@ -1,0 +1,593 @@
+// zest/zero/engine.hpp — the runtime of a ZeRO training step.
+//
+//   zest::zero_engine<policy> engine(mesh, {.seed = 1});
+//   model m(engine);                               // layers register their parameters
+//   for (step ...) {
+//     zest::autodiff::tape t;
+//     auto loss = m.loss(t, inputs, targets);      // layers enter their groups: gathers
+//     engine.backward(loss);                       // group hooks: regather, reduce-scatter
+//     engine.step(schedule(step));                 // clip, AdamW, publish
+//   }
+//
+// The engine executes the transitions that the stage's layouts prescribe (zero/stage.hpp)
+// for whole groups of parameters at once (a layer or a transformer block), one collective
+// per transition and group over the data axis:
+//
+//   forward, entering a group      stored -> compute     stage 3: all-gather (coalesced);
+//                                                        the next group's is prefetched
+//   forward, leaving a group       stage 3: the gathered values are freed
+//   backward, before the group     stage 3: all-gather again (the previous group prefetched)
+//   backward, after the group      gradient -> buffer    stage 0: all-reduce; stage 1: add
+//                                                        to the full buffer; stages 2, 3:
+//                                                        reduce-scatter; in buckets, issued
+//                                                        non-blocking while backward goes on
+//   step                           stage 1: reduce-scatter the buffer; global norm, clip,
+//                                  AdamW on the owned shard; stages 1, 2: all-gather the
+//                                  updated shards (master -> stored)
+//
+// At most `max_live_groups` groups are gathered at once (the one computing and the one
+// prefetched). Loss, norms and the loss scaler's agreement go over the mesh's world
+// communicator, apart from the axis counters that the ZeRO formulas describe.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "zest/autodiff/tape.hpp"
+#include "zest/backend/host/host_backend.hpp"
+#include "zest/comm/communicator.hpp"
+#include "zest/core/error.hpp"
+#include "zest/core/random.hpp"
+#include "zest/nn/parameter.hpp"
+#include "zest/optim/adamw.hpp"
+#include "zest/optim/clip.hpp"
+#include "zest/optim/loss_scaler.hpp"
+
+namespace zest {
+
+struct zero_options {
+  std::uint64_t seed = 1;                     // parameter initialisation
+  std::size_t bucket_elements = 1U << 22;     // gradient collectives: at most this many
+  std::size_t max_live_groups = 2;            // gathered groups at once (stage 3), >= 1
+  bool prefetch = true;                       // gather the next group while this one computes
+  double max_grad_norm = 1.0;                 // <= 0: no clipping
+  adamw_config adam{};
+  float initial_loss_scale = 65536.0F;        // float16 policies
+  std::int64_t loss_scale_window = 200;       // good steps before the scale grows
+};
+
+// What one optimizer step did.
+struct step_report {
+  bool applied = true;      // false: skipped (inf/nan gradients under loss scaling)
+  double grad_norm = 0;     // before clipping, unscaled
+  double clip = 1;          // the factor applied to the gradients
+  double lr = 0;
+  float loss_scale = 1;
+};
+
+template <class P>
+class zero_engine {
+  using mesh_t = typename P::mesh_type;
+  using slot = detail::parameter_slot<P>;
+  using param_type = typename P::param_type;
+  using grad_type = typename P::grad_type;
+  static constexpr int stage = P::stage::stage;
+  static constexpr std::size_t data = P::data_axis;
+
+  struct group {
+    std::string name;
+    std::vector<slot*> params;
+    // Stage 3 gather in flight or done: rank-major blocks.
+    host_vector<param_type> send, gathered;
+    std::vector<std::size_t> counts;
+    request gather;
+    bool gathering = false;
+    bool live = false;  // the compute values are materialised
+    bool in_scope = false;
+  };
+  struct reduction {
+    std::size_t group = 0;
+    std::size_t first = 0, last = 0;  // params [first, last) of the group
+    host_vector<grad_type> send, recv;
+    std::vector<std::size_t> counts;
+    request done;
+  };
+
+ public:
+  zero_engine(const mesh_t& mesh, zero_options options = {})
+      : mesh_(&mesh),
+        options_(options),
+        scaler_(options.initial_loss_scale, 2.0F, 0.5F, options.loss_scale_window) {
+    if (options_.max_live_groups == 0) {
+      throw shape_error("zest zero_engine: max_live_groups must be at least 1");
+    }
+  }
+  zero_engine(const zero_engine&) = delete;
+  zero_engine& operator=(const zero_engine&) = delete;
+
+  const mesh_t& mesh() const { return *mesh_; }
+  const zero_options& options() const { return options_; }
+  zero_options& options() { return options_; }
+  static constexpr int zero_stage() { return stage; }
+
+  // The initialisation seed of a parameter: the run's seed and the parameter's name.
+  std::uint64_t seed_for(std::string_view name) const {
+    std::uint64_t h = splitmix64(options_.seed);
+    for (char c : name) h = splitmix64(h ^ static_cast<unsigned char>(c));
+    return h;
+  }
+
+  // Parameters made between begin_group and end_group are gathered and reduced together.
+  std::size_t begin_group(std::string name) {
+    if (open_) throw std::logic_error("zest zero_engine: begin_group inside an open group");
+    groups_.push_back({});
+    groups_.back().name = std::move(name);
+    open_ = true;
+    return groups_.size() - 1;
+  }
+  void end_group() { open_ = false; }
+  void add(slot& p) {
+    for (const auto& g : groups_) {
+      for (const slot* q : g.params) {
+        if (q->name() == p.name()) {
+          throw shape_error(detail::message("zest zero_engine: two parameters named '", p.name(),
+                                            "'; parameter names are checkpoint keys"));
+        }
+      }
+    }
+    if (!open_) {
+      begin_group(p.name());
+      groups_.back().params.push_back(&p);
+      end_group();
+      return;
+    }
+    groups_.back().params.push_back(&p);
+  }
+
+  std::size_t group_count() const { return groups_.size(); }
+  const std::string& group_name(std::size_t g) const { return groups_[g].name; }
+  std::vector<slot*> parameters() const {
+    std::vector<slot*> all;
+    for (const auto& g : groups_) all.insert(all.end(), g.params.begin(), g.params.end());
+    return all;
+  }
+  std::size_t parameter_count() const {
+    std::size_t n = 0;
+    for (const auto& g : groups_)
+      for (const slot* p : g.params) n += p->size();
+    return n;
+  }
+  // Gathered groups now, and the most at once since the last reset (stage 3's bound).
+  std::size_t live_groups() const {
+    return static_cast<std::size_t>(std::count_if(groups_.begin(), groups_.end(),
+                                                  [](const group& g) { return g.live || g.gathering; }));
+  }
+  std::size_t peak_live_groups() const { return peak_live_; }
+
+  // -------------------------------------------------------------------------------------
+  // Forward: a scope per group.
+
+  class scope {
+   public:
+    scope(zero_engine& e, autodiff::tape& t, std::size_t g) : e_(&e), t_(&t), g_(g) {
+      e_->enter(t, g);
+    }
+    scope(const scope&) = delete;
+    scope& operator=(const scope&) = delete;
+    ~scope() { e_->leave(*t_, g_); }
+
+   private:
+    zero_engine* e_;
+    autodiff::tape* t_;
+    std::size_t g_;
+  };
+  // The group's parameters are usable (their value()) while the scope lives.
+  [[nodiscard]] scope use(autodiff::tape& t, std::size_t g) { return scope(*this, t, g); }
+
+  // -------------------------------------------------------------------------------------
+  // Backward and step.
+
+  // Runs backward from the loss (scaled under float16) and completes the gradient
+  // collectives.
+  template <sharded_tensor L>
+  void backward(const autodiff::variable<L>& loss) {
+    if constexpr (P::loss_scaling) {
+      autodiff::backward(autodiff::scale(loss, static_cast<typename L::value_type>(scaler_.scale())));
+    } else {
+      autodiff::backward(loss);
+    }
+    finish_backward();
+  }
+
+  // For a forward pass that is not followed by backward (evaluation, sampling): releases
+  // what the forward holds, so that the next step starts clean.
+  void discard_forward() {
+    for (auto& g : groups_) {
+      if (g.gathering) {
+        g.gather.wait();
+        g.gathering = false;
+        memory::release(g.gathered);
+        memory::release(g.send);
+      }
+      for (slot* p : g.params) {
+        p->free_compute();
+        p->detach();
+      }
+      g.live = false;
+      g.in_scope = false;
+    }
+  }
+
+  void finish_backward() {
+    while (!pending_.empty()) complete_oldest();
+    for (auto& g : groups_) {
+      if (g.in_scope) {
+        throw std::logic_error(detail::message("zest zero_engine: group '", g.name,
+                                               "' is still in scope at the end of backward"));
+      }
+    }
+  }
+
+  // The optimizer step at learning rate lr.
+  step_report step(double lr) {
+    step_report r;
+    r.lr = lr;
+    r.loss_scale = P::loss_scaling ? scaler_.scale() : 1.0F;
+    const auto all = parameters();
+
+    if constexpr (stage == 1) {
+      // The full gradient buffers, reduce-scattered to the shards the optimizer owns.
+      for (std::size_t g = 0; g < groups_.size(); ++g) reduce_buffers_of(g);
+    }
+
+    if constexpr (P::loss_scaling) {
+      bool bad = false;
+      for (slot* p : all) bad = bad || has_inf_or_nan(std::span<const grad_type>(p->kept_gradient()));
+      const bool skip = any_rank(*mesh_, bad);
+      if (!scaler_.update(skip)) {
+        r.applied = false;
+        r.grad_norm = std::numeric_limits<double>::infinity();
+        clear_gradients(all);
+        return r;
+      }
+    }
+
+    double local = 0;
+    for (slot* p : all) {
+      if (!p->kept_gradient_counted()) continue;
+      for (grad_type g : p->kept_gradient()) {
+        const double v = static_cast<float>(g);
+        local += v * v;
+      }
+    }
+    double total = local;
+    mesh_->world().all_reduce(std::span<double>(&total, 1), reduce_op::sum);
+    r.grad_norm = std::sqrt(total) / static_cast<double>(r.loss_scale);
+    r.clip = clip_coefficient(r.grad_norm, options_.max_grad_norm);
+
+    ++steps_;
+    const float grad_scale = static_cast<float>(r.clip / static_cast<double>(r.loss_scale));
+    for (slot* p : all) {
+      adamw_update(p->master(), std::span<const grad_type>(p->kept_gradient()), p->adam_m(),
+                   p->adam_v(), steps_, static_cast<float>(lr), options_.adam, grad_scale,
+                   p->decays());
+    }
+    if constexpr (stage == 1 || stage == 2) {
+      for (std::size_t g = 0; g < groups_.size(); ++g) publish(g);
+    } else {
+      for (slot* p : all) p->store_from_master();
+    }
+    clear_gradients(all);
+    return r;
+  }
+
+  std::int64_t steps_taken() const { return steps_; }
+  void set_steps_taken(std::int64_t s) { steps_ = s; }
+  dynamic_loss_scaler& loss_scaler() { return scaler_; }
+  const dynamic_loss_scaler& loss_scaler() const { return scaler_; }
+
+  // The sum over all ranks of a per-rank value (a loss, a token count), over the world
+  // communicator: scalar reductions stay apart from the parameter and gradient traffic.
+  double sum_over_ranks(double local) const {
+    mesh_->world().all_reduce(std::span<double>(&local, 1), reduce_op::sum);
+    return local;
+  }
+  // The value of a scalar tensor on every rank: its pending sums added, each replica
+  // counted once.
+  template <sharded_tensor S>
+  double scalar_value(const S& s) const {
+    static_assert(S::rank == 0, "zest zero_engine::scalar_value takes a scalar (dims \"\")");
+    bool counts = true;
+    for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
+      if (!S::layout.is_partial(a) && mesh_->coord(a) != 0) counts = false;
+    }
+    return sum_over_ranks(counts ? static_cast<double>(s.local()[0]) : 0.0);
+  }
+
+ private:
+  // ----- forward / backward hooks --------------------------------------------------------
+  void enter(autodiff::tape& t, std::size_t g) {
+    group& gr = groups_.at(g);
+    if (gr.in_scope) {
+      throw std::logic_error(detail::message("zest zero_engine: group '", gr.name,
+                                             "' entered twice in one step"));
+    }
+    gr.in_scope = true;
+    if constexpr (stage == 3) {
+      materialise(g);
+      if (options_.prefetch && g + 1 < groups_.size()) start_gather(g + 1);
+    } else {
+      for (slot* p : gr.params) p->compute_from_stored();
+      gr.live = true;
+    }
+    note_live();
+    for (slot* p : gr.params) p->attach(t);
+    // Runs after the group's backward steps (recorded before them).
+    t.record([this, g] { after_backward(g); });
+  }
+
+  void leave(autodiff::tape& t, std::size_t g) {
+    group& gr = groups_[g];
+    if constexpr (stage == 3) {
+      for (slot* p : gr.params) p->free_compute();
+      gr.live = false;
+    }
+    // Runs before the group's backward steps.
+    t.record([this, g] { before_backward(g); });
+  }
+
+  void before_backward(std::size_t g) {
+    if constexpr (stage == 3) {
+      materialise(g);
+      if (options_.prefetch && g > 0 && groups_[g - 1].in_scope) start_gather(g - 1);
+      note_live();
+    }
+  }
+
+  void after_backward(std::size_t g) {
+    group& gr = groups_[g];
+    for (slot* p : gr.params) p->take_gradient();
+    for (slot* p : gr.params) p->free_compute();
+    gr.live = false;
+    if constexpr (stage == 1) {
+      // Accumulated into the full-size buffer, reduced at the step.
+      for (slot* p : gr.params) {
+        auto buf = p->gradient_buffer();
+        tmp_.resize(buf.size());
+        p->gradient_whole(tmp_.data());
+        for (std::size_t i = 0; i < buf.size(); ++i)
+          buf[i] = static_cast<grad_type>(static_cast<float>(buf[i]) + static_cast<float>(tmp_[i]));
+      }
+    } else {
+      std::size_t first = 0;
+      while (first < gr.params.size()) {
+        std::size_t last = first, elements = 0;
+        while (last < gr.params.size() &&
+               (last == first || elements + gr.params[last]->size() <= options_.bucket_elements)) {
+          elements += gr.params[last]->size();
+          ++last;
+        }
+        start_reduction(g, first, last);
+        first = last;
+      }
+    }
+    for (slot* p : gr.params) {
+      p->drop_gradient();
+      p->detach();
+    }
+    gr.in_scope = false;
+  }
+
+  // ----- stage 3 gathers -----------------------------------------------------------------
+  void start_gather(std::size_t g) {
+    group& gr = groups_[g];
+    if (gr.gathering || gr.live || live_groups() >= options_.max_live_groups) return;
+    const std::size_t n = gr.params.empty() ? 1 : gr.params.front()->split().parts;
+    gr.counts.assign(n, 0);
+    std::size_t mine = 0;
+    for (slot* p : gr.params) {
+      const auto s = p->split();
+      for (std::size_t r = 0; r < n; ++r) gr.counts[r] += s.count(r);
+      mine += p->stored_block().size();
+    }
+    gr.send.resize(mine);
+    std::size_t at = 0;
+    for (slot* p : gr.params) {
+      const auto b = p->stored_block();
+      std::copy(b.begin(), b.end(), gr.send.begin() + static_cast<std::ptrdiff_t>(at));
+      at += b.size();
+    }
+    std::size_t total = 0;
+    for (auto c : gr.counts) total += c;
+    gr.gathered.resize(total);
+    gr.gather = mesh_->axis(data).iall_gather(std::span<const param_type>(gr.send),
+                                              std::span<param_type>(gr.gathered),
+                                              std::span<const std::size_t>(gr.counts));
+    gr.gathering = true;
+  }
+
+  // The group's compute values, filled from its gather (started now if not prefetched).
+  void materialise(std::size_t g) {
+    group& gr = groups_[g];
+    if (gr.live) return;
+    if (!gr.gathering) {
+      // Room for this one: it is needed now.
+      const std::size_t keep = options_.max_live_groups;
+      options_.max_live_groups = std::numeric_limits<std::size_t>::max();
+      start_gather(g);
+      options_.max_live_groups = keep;
+    }
+    gr.gather.wait();
+    gr.gathering = false;
+    for (slot* p : gr.params) p->allocate_compute();
+    const param_type* at = gr.gathered.data();
+    for (std::size_t r = 0; r < gr.counts.size(); ++r) {
+      for (slot* p : gr.params) {
+        p->receive_block(r, at);
+        at += p->split().count(r);
+      }
+    }
+    memory::release(gr.gathered);
+    memory::release(gr.send);
+    gr.live = true;
+  }
+
+  void note_live() { peak_live_ = std::max(peak_live_, live_groups()); }
+
+  // ----- gradient collectives ------------------------------------------------------------
+  void start_reduction(std::size_t g, std::size_t first, std::size_t last) {
+    if (pending_.size() >= 2) complete_oldest();
+    group& gr = groups_[g];
+    auto red = std::make_unique<reduction>();
+    red->group = g;
+    red->first = first;
+    red->last = last;
+    std::size_t total = 0;
+    for (std::size_t i = first; i < last; ++i) total += gr.params[i]->split().total();
+    if constexpr (stage == 0) {
+      red->send.resize(total);
+      std::size_t at = 0;
+      for (std::size_t i = first; i < last; ++i) {
+        gr.params[i]->gradient_whole(red->send.data() + at);
+        at += gr.params[i]->split().total();
+      }
+      red->done = mesh_->axis(data).iall_reduce(std::span<grad_type>(red->send), reduce_op::sum);
+    } else {
+      const std::size_t n = gr.params[first]->split().parts;
+      red->counts.assign(n, 0);
+      red->send.resize(total);
+      std::size_t at = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        for (std::size_t i = first; i < last; ++i) {
+          gr.params[i]->gradient_block(r, red->send.data() + at);
+          const std::size_t c = gr.params[i]->split().count(r);
+          at += c;
+          red->counts[r] += c;
+        }
+      }
+      const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
+      red->recv.resize(red->counts[me]);
+      red->done = mesh_->axis(data).ireduce_scatter(
+          std::span<const grad_type>(red->send), std::span<grad_type>(red->recv),
+          std::span<const std::size_t>(red->counts), reduce_op::sum);
+    }
+    pending_.push_back(std::move(red));
+  }
+
+  void complete_oldest() {
+    auto red = std::move(pending_.front());
+    pending_.pop_front();
+    red->done.wait();
+    group& gr = groups_[red->group];
+    const host_vector<grad_type>& result = stage == 0 ? red->send : red->recv;
+    std::size_t at = 0;
+    for (std::size_t i = red->first; i < red->last; ++i) {
+      auto buf = gr.params[i]->gradient_buffer();
+      for (std::size_t k = 0; k < buf.size(); ++k) {
+        buf[k] = static_cast<grad_type>(static_cast<float>(buf[k]) +
+                                        static_cast<float>(result[at + k]));
+      }
+      at += buf.size();
+    }
+  }
+
+  // Stage 1 at the step: buffer (partial) -> kept shard (split), a reduce-scatter per bucket.
+  void reduce_buffers_of(std::size_t g) {
+    group& gr = groups_[g];
+    const std::size_t n = gr.params.empty() ? 1 : gr.params.front()->split().parts;
+    const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
+    std::size_t first = 0;
+    while (first < gr.params.size()) {
+      std::size_t last = first, elements = 0;
+      while (last < gr.params.size() &&
+             (last == first || elements + gr.params[last]->size() <= options_.bucket_elements)) {
+        elements += gr.params[last]->size();
+        ++last;
+      }
+      std::vector<std::size_t> counts(n, 0);
+      host_vector<grad_type> send;
+      for (std::size_t r = 0; r < n; ++r) {
+        for (std::size_t i = first; i < last; ++i) {
+          slot* p = gr.params[i];
+          const auto s = p->split();
+          const std::size_t c = s.count(r);
+          const std::size_t at = send.size();
+          send.resize(at + c);
+          detail::copy_rows_out(p->gradient_buffer().data(), s, s.block(r), send.data() + at);
+          counts[r] += c;
+        }
+      }
+      host_vector<grad_type> recv(counts[me]);
+      mesh_->axis(data).reduce_scatter(std::span<const grad_type>(send), std::span<grad_type>(recv),
+                                      std::span<const std::size_t>(counts), reduce_op::sum);
+      std::size_t at = 0;
+      for (std::size_t i = first; i < last; ++i) {
+        auto kept = gr.params[i]->kept_gradient_storage();
+        std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(at), kept.size(), kept.begin());
+        at += kept.size();
+      }
+      first = last;
+    }
+  }
+
+  // Stages 1, 2 after the update: each rank's updated shard to every rank.
+  void publish(std::size_t g) {
+    group& gr = groups_[g];
+    if (gr.params.empty()) return;
+    const std::size_t n = gr.params.front()->split().parts;
+    const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
+    std::vector<std::size_t> counts(n, 0);
+    for (slot* p : gr.params)
+      for (std::size_t r = 0; r < n; ++r) counts[r] += p->split().count(r);
+    host_vector<param_type> send(counts[me]);
+    std::size_t at = 0;
+    for (slot* p : gr.params) {
+      p->published_block(send.data() + at);
+      at += p->split().count(me);
+    }
+    std::size_t total = 0;
+    for (auto c : counts) total += c;
+    host_vector<param_type> recv(total);
+    mesh_->axis(data).all_gather(std::span<const param_type>(send), std::span<param_type>(recv),
+                                 std::span<const std::size_t>(counts));
+    const param_type* from = recv.data();
+    for (std::size_t r = 0; r < n; ++r) {
+      for (slot* p : gr.params) {
+        p->receive_published(r, from);
+        from += p->split().count(r);
+      }
+    }
+  }
+
+  void clear_gradients(const std::vector<slot*>& all) {
+    for (slot* p : all) {
+      auto b = p->gradient_buffer();
+      std::fill(b.begin(), b.end(), grad_type{});
+      p->release_step_buffers();
+    }
+  }
+
+  const mesh_t* mesh_;
+  zero_options options_;
+  dynamic_loss_scaler scaler_;
+  std::vector<group> groups_;
+  bool open_ = false;
+  std::deque<std::unique_ptr<reduction>> pending_;
+  host_vector<grad_type> tmp_;
+  std::size_t peak_live_ = 0;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace zest

@@ -1,0 +1,142 @@
+// Checkpoints of a training run: train 10 steps on 2 ranks (ZeRO-1), save; load on all
+// ranks of the job under ZeRO-3 and, separately, on one rank under stage 0, train 10 more:
+// the losses equal an uninterrupted 20-step run. A truncated shard or a corrupted byte is
+// refused on every rank and leaves the model as it was.
+#include <doctest/doctest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "train/training_fixture.hpp"
+#include "zest/core/error.hpp"
+#include "zest/train/checkpoint.hpp"
+
+namespace {
+using namespace zest;
+using namespace zest::testing;
+
+using saving_policy = training_policy<world_mesh, zero_stage<1>, float>;
+using loading_policy = training_policy<world_mesh, zero_stage<3>, float>;
+using single_policy = training_policy<single_mesh, zero_stage<0>, float>;
+
+std::filesystem::path shared_temp_dir(const char* tag) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  long id = static_cast<long>(::getpid());
+  MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  const auto dir = std::filesystem::temp_directory_path() / ("zest-train-" + std::string(tag) + "-" + std::to_string(id));
+  if (rank == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
+void check_same_losses(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    INFO("step " << k << ": " << got[k] << " vs " << want[k]);
+    CHECK(std::abs(got[k] - want[k]) <= 1e-5 * std::abs(want[k]));
+  }
+}
+
+TEST_CASE("a run saved on 2 ranks resumes on N ranks and on 1 with the same losses") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const auto dir = shared_temp_dir("resume");
+
+  // The uninterrupted run, on one rank.
+  const single_mesh one;
+  zero_engine<single_policy> ref_engine(one, {.seed = 21});
+  gpt<single_policy> ref_model(ref_engine, small_gpt());
+  const auto reference = train_steps(ref_engine, ref_model, 0, 20);
+
+  // 10 steps on the first two ranks (or one, in a 1-rank job), then save.
+  const int savers = std::min(world, 2);
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < savers ? 0 : MPI_UNDEFINED, rank, &sub);
+  if (sub != MPI_COMM_NULL) {
+    {
+      const world_mesh two(sub, {savers});
+      zero_engine<saving_policy> engine(two, {.seed = 21});
+      gpt<saving_policy> model(engine, small_gpt());
+      const auto first = train_steps(engine, model, 0, 10);
+      check_same_losses(first, std::vector<double>(reference.begin(), reference.begin() + 10));
+      save_training_state(dir / "ckpt", engine, 10);
+    }
+    MPI_Comm_free(&sub);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  const std::vector<double> rest(reference.begin() + 10, reference.end());
+  SUBCASE("on all ranks, ZeRO-3") {
+    const auto mesh = make_world_mesh();
+    zero_engine<loading_policy> engine(mesh, {.seed = 999});  // the checkpoint overrides
+    gpt<loading_policy> model(engine, small_gpt());
+    const auto info = load_training_state(dir / "ckpt", engine);
+    CHECK(info.step == 10);
+    CHECK(engine.steps_taken() == 10);
+    check_same_losses(train_steps(engine, model, 10, 10), rest);
+  }
+  SUBCASE("on one rank, stage 0") {
+    zero_engine<single_policy> engine(one, {.seed = 999});
+    gpt<single_policy> model(engine, small_gpt());
+    CHECK(load_training_state(dir / "ckpt", engine).step == 10);
+    check_same_losses(train_steps(engine, model, 10, 10), rest);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a damaged checkpoint is refused and nothing is loaded") {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const auto dir = shared_temp_dir("damaged");
+  const auto mesh = make_world_mesh();
+  {
+    zero_engine<loading_policy> engine(mesh, {.seed = 1});
+    gpt<loading_policy> model(engine, small_gpt());
+    (void)train_steps(engine, model, 0, 2);
+    save_training_state(dir / "ckpt", engine, 2);
+  }
+  zero_engine<loading_policy> engine(mesh, {.seed = 2});
+  gpt<loading_policy> model(engine, small_gpt());
+  const auto before = parameter_values(engine);
+
+  auto first_shard = [&] {
+    for (const auto& e : std::filesystem::directory_iterator(dir / "ckpt"))
+      if (e.path().extension() == ".bin") return e.path();
+    return std::filesystem::path{};
+  };
+  SUBCASE("a corrupted byte") {
+    if (rank == 0) {
+      std::fstream f(first_shard(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(100);
+      char c = 0;
+      f.read(&c, 1);
+      f.seekp(100);
+      c = static_cast<char>(c ^ 0x20);
+      f.write(&c, 1);
+    }
+  }
+  SUBCASE("a truncated shard") {
+    if (rank == 0) {
+      const auto p = first_shard();
+      std::filesystem::resize_file(p, std::filesystem::file_size(p) / 2);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK_THROWS_AS(load_training_state(dir / "ckpt", engine), checkpoint_error);
+  CHECK(parameter_values(engine) == before);
+  CHECK(engine.steps_taken() == 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+}  // namespace

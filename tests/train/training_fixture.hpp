@@ -1,0 +1,72 @@
+// Shared pieces of the training tests: a small GPT whose every parameter splits evenly over
+// 1, 2 and 4 ranks (so DESIGN.md's closed forms hold exactly), a corpus, and runs.
+#pragma once
+
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support/fixtures.hpp"
+#include "zest/data/batches.hpp"
+#include "zest/data/text_dataset.hpp"
+#include "zest/mesh/mesh.hpp"
+#include "zest/nn/gpt.hpp"
+#include "zest/tensor/redistribute.hpp"
+#include "zest/train/train_step.hpp"
+
+namespace zest::testing {
+
+using world_mesh = zest::mesh<"dp">;
+using single_mesh = zest::local_mesh<"dp">;
+
+inline gpt_options small_gpt() {
+  gpt_options o;
+  o.vocab = 96;  // the corpus's 86 bytes, padded
+  o.context = 16;
+  o.width = 32;
+  o.layers = 2;
+  o.heads = 4;
+  return o;
+}
+inline constexpr std::size_t small_batch = 8;
+
+inline const text_dataset& corpus() {
+  static const text_dataset d = text_dataset::from_path();
+  return d;
+}
+inline batch_sampler sampler() { return batch_sampler(corpus().train(), small_batch, small_gpt().context, 7); }
+
+inline double learning_rate(std::int64_t step) { return 2e-3 * (1.0 + 0.1 * static_cast<double>(step % 3)); }
+
+inline world_mesh make_world_mesh() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return world_mesh(MPI_COMM_WORLD, {n});
+}
+
+// Every parameter's stored value, whole, by name.
+template <class P>
+std::map<std::string, std::vector<float>> parameter_values(zero_engine<P>& engine) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto* p : engine.parameters()) out[p->name()] = p->whole_value();
+  return out;
+}
+
+// Trains `steps` steps from `first`, returning the losses.
+template <class P, class Model>
+std::vector<double> train_steps(zero_engine<P>& engine, const Model& model, std::int64_t first,
+                                std::int64_t steps) {
+  auto s = sampler();
+  std::vector<double> losses;
+  for (std::int64_t k = first; k < first + steps; ++k) {
+    const auto [in, tg] = s.template batch<"dp">(engine.mesh(), static_cast<std::size_t>(k));
+    losses.push_back(train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k)).loss);
+  }
+  return losses;
+}
+
+}  // namespace zest::testing

@@ -1,0 +1,118 @@
+// The checks of one ZeRO stage (fp32), included by zero_stage<K>_test.cpp with
+// `test_stage` defined, so that the stages compile in parallel:
+//   - N ranks train like 1 rank: 20 steps, losses within 1e-5 relative, same parameters;
+//   - the bytes of parameter and gradient collectives per step, from the communicators'
+//     counters, equal DESIGN.md's formula (2 Psi (N-1)/N elements for stages 0-2, 3 Psi
+//     (N-1)/N for stage 3) and the planner's figure; scalar reductions are counted apart;
+//   - the model-state bytes per rank, from zest's own allocation accounting, equal the
+//     stage's formula (and the planner's), and stage 3 keeps at most two groups gathered.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "train/training_fixture.hpp"
+#include "zest/zero/planner.hpp"
+
+namespace {
+using namespace zest;
+using namespace zest::testing;
+
+using stage_t = zero_stage<test_stage>;
+using world_policy = training_policy<world_mesh, stage_t, float>;
+using single_policy = training_policy<single_mesh, stage_t, float>;
+
+TEST_CASE("ZeRO stage K: N ranks train like one rank") {
+  const auto mesh = make_world_mesh();
+  zero_engine<world_policy> engine(mesh, {.seed = 11});
+  gpt<world_policy> model(engine, small_gpt());
+  const auto losses = train_steps(engine, model, 0, 20);
+  const auto params = parameter_values(engine);
+
+  const single_mesh one;
+  zero_engine<single_policy> ref_engine(one, {.seed = 11});
+  gpt<single_policy> ref_model(ref_engine, small_gpt());
+  const auto ref_losses = train_steps(ref_engine, ref_model, 0, 20);
+  const auto ref_params = parameter_values(ref_engine);
+
+  REQUIRE(losses.size() == ref_losses.size());
+  for (std::size_t k = 0; k < losses.size(); ++k) {
+    INFO("step " << k << ": " << losses[k] << " vs " << ref_losses[k]);
+    CHECK(std::abs(losses[k] - ref_losses[k]) <= 1e-5 * std::abs(ref_losses[k]));
+  }
+  CHECK(losses.back() < losses.front() - 0.3);  // it learns
+
+  REQUIRE(params.size() == ref_params.size());
+  for (const auto& [name, values] : params) {
+    const auto& ref = ref_params.at(name);
+    REQUIRE(values.size() == ref.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(values[i] - ref[i])));
+    INFO("parameter " << name << ": largest difference " << worst);
+    CHECK(worst <= 1e-5);
+  }
+}
+
+TEST_CASE("ZeRO stage K: bytes communicated per step equal the formula") {
+  const auto mesh = make_world_mesh();
+  zero_engine<world_policy> engine(mesh, {.seed = 3});
+  gpt<world_policy> model(engine, small_gpt());
+  auto s = sampler();
+  const auto [in, tg] = s.batch<"dp">(mesh, 0);
+  const auto r = train_step(engine, model, in, tg, 1e-3);
+
+  const auto psi = static_cast<std::uint64_t>(engine.parameter_count());
+  const auto n = static_cast<std::uint64_t>(mesh.world_size());
+  REQUIRE(psi % n == 0);
+  const std::uint64_t share = psi * (n - 1) / n * sizeof(float);  // Psi (N-1)/N elements
+  const std::uint64_t expected = (test_stage == 3 ? 3 : 2) * share;
+  CHECK(r.traffic.bytes_sent() == expected);
+  CHECK(static_cast<double>(r.traffic.bytes_sent()) ==
+        zero_formula(test_stage, static_cast<double>(psi), static_cast<double>(n), fp32_adam)
+                .elements_sent *
+            sizeof(float));
+  if (n > 1) {
+    if (test_stage == 0) {
+      CHECK(r.traffic[collective::all_reduce].bytes_sent == 2 * share);
+    } else {
+      CHECK(r.traffic[collective::reduce_scatter].bytes_sent == share);
+      CHECK(r.traffic[collective::all_gather].bytes_sent == (test_stage == 3 ? 2 : 1) * share);
+    }
+  }
+  // The planner derives the same figure from the same layouts.
+  const auto plan = plan_zero<stage_t>(model.shape(), mesh, fp32_adam);
+  CHECK(r.traffic.bytes_sent() == plan.bytes_sent());
+  // Loss and gradient norm: scalar reductions on the world communicator, apart.
+  CHECK(r.scalar_traffic[collective::all_reduce].calls >= 2);
+  CHECK(r.scalar_traffic.bytes_sent() <= 64 * r.scalar_traffic.calls());
+}
+
+TEST_CASE("ZeRO stage K: model-state bytes per rank equal the formula") {
+  const auto mesh = make_world_mesh();
+  const std::int64_t before = memory::live_bytes();
+  zero_engine<world_policy> engine(mesh, {.seed = 5});
+  gpt<world_policy> model(engine, small_gpt());
+  const std::int64_t states = memory::live_bytes() - before;
+
+  const auto psi = static_cast<double>(engine.parameter_count());
+  const auto n = static_cast<double>(mesh.world_size());
+  const double formula = zero_formula(test_stage, psi, n, fp32_adam).memory_bytes;
+  INFO("measured " << states << " bytes, formula " << formula);
+  CHECK(static_cast<double>(states) >= 0.95 * formula);
+  CHECK(static_cast<double>(states) <= 1.05 * formula);
+  const auto plan = plan_zero<stage_t>(model.shape(), mesh, fp32_adam);
+  CHECK(static_cast<std::uint64_t>(states) == plan.memory.total());
+
+  // A step leaves the model states as they were, and stage 3 holds at most two groups.
+  (void)train_steps(engine, model, 0, 2);
+  CHECK(memory::live_bytes() - before == states);
+  if (test_stage == 3) {
+    CHECK(engine.peak_live_groups() <= engine.options().max_live_groups);
+    CHECK(engine.peak_live_groups() >= 1);
+  }
+}
+
+}  // namespace
