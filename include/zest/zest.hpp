@@ -52,6 +52,8 @@
 #include "zest/autodiff/tape.hpp"
 #include "zest/autodiff/ops.hpp"
 
+#include "zest/moe/gating.hpp"
+
 #include "zest/data/batches.hpp"
 #include "zest/data/text_dataset.hpp"
 

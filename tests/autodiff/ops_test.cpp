@@ -399,6 +399,25 @@ TEST_CASE("causal_mask: -infinity above the diagonal, its gradient passes only w
   }
 }
 
+TEST_CASE("causal_mask and causal_softmax with k before q: strided rows, q in the inner dims") {
+  mesh1 m(MPI_COMM_WORLD, {world_size()});
+  using x_t = tensor<double, mesh1, "kbq", layout<split<'q', "dp">>>;
+  const std::array<std::size_t, 3> xe{4, 2, 5};
+  const auto xg = global_values(xe, 17);
+  std::vector<double> masked = xg;
+  for (std::size_t f = 0; f < xg.size(); ++f) {
+    const auto i = unflatten(f, xe);
+    if (i[0] > i[2]) masked[f] = -inf;
+  }
+  ad::tape t;
+  auto x = t.constant(x_t::from_global(m, xe, xg));
+  const auto got = to_global(ad::causal_mask<'q', 'k'>(x).value());
+  REQUIRE(got.size() == masked.size());
+  for (std::size_t f = 0; f < masked.size(); ++f) CHECK(got[f] == masked[f]);
+  CHECK(relative_error(to_global(ad::causal_softmax<'q', 'k'>(x).value()),
+                       reference_softmax(masked, xe, 0, false)) < 1e-14);
+}
+
 TEST_CASE("causal_softmax equals softmax(causal_mask(x))") {
   for (const auto& shape : mesh_shapes()) {
     mesh2 m(MPI_COMM_WORLD, shape);

@@ -144,9 +144,13 @@ void convert(std::span<const From> in, std::span<To> out) {
   for (std::size_t i = 0; i < in.size(); ++i) out[i] = static_cast<To>(static_cast<float>(in[i]));
 }
 
-// `base` with the data axis's placement taken from `stage`.
+// `base` with the data axis's placement taken from `stage`. Where base splits the dim that
+// the stage splits too (a bias "h" split<'h', "tp">), the data axis nests innermost: it
+// splits each rank's block of the other axes, which is the block data_split sees.
 constexpr layout_value on_data_axis(layout_value base, const layout_value& stage, std::size_t a) {
-  base.axes[a] = stage.axes[a];
+  axis_placement p = stage.axes[a];
+  if (p.kind == placement_kind::split) p.order = static_cast<std::uint8_t>(base.split_count(p.dim));
+  base.axes[a] = p;
   return base;
 }
 // `g` with its pending sums on axes other than the data axis resolved to `kept`'s placement.
@@ -232,11 +236,13 @@ class parameter_slot {
 template <class P>
 class zero_engine;
 
-// A parameter of dims Dims under policy P; Base gives its placement on the mesh's other axes.
-template <training_policy_type P, fixed_string Dims, class Base = layout<>>
+// A parameter of dims Dims under policy P; Base gives its placement on the mesh's other axes,
+// SplitRule the dim the stage splits over the data axis (the policy's rule by default).
+template <training_policy_type P, fixed_string Dims, class Base = layout<>,
+          zero_split_rule SplitRule = typename P::stage::split_rule>
 class parameter final : public detail::parameter_slot<P> {
   using mesh_t = typename P::mesh_type;
-  using stage_t = typename P::stage;
+  using stage_t = typename P::stage::template with_split_rule<SplitRule>;
   static constexpr std::size_t data = P::data_axis;
   static constexpr layout_value base = layout_value_of<mesh_t, Dims, Base>;
   static constexpr zero_layouts z = stage_t::template layouts<mesh_t, Dims>;
@@ -244,10 +250,6 @@ class parameter final : public detail::parameter_slot<P> {
   static_assert(base.is_replicate(data),
                 "zest parameter: the Base layout places the parameter on the data axis; the "
                 "ZeRO stage does that. Fix: leave the data axis out of Base.");
-  static_assert(base.split_count(split_dim) == 0,
-                "zest parameter: Base splits the dim that the ZeRO stage splits over the data "
-                "axis. Fix: choose another split rule for the stage (split_last_dim) or split "
-                "another dim in Base.");
 
  public:
   using typename detail::parameter_slot<P>::param_type;

@@ -370,6 +370,7 @@ class zero_engine {
         for (std::size_t i = 0; i < buf.size(); ++i)
           buf[i] = static_cast<grad_type>(static_cast<float>(buf[i]) + static_cast<float>(tmp_[i]));
       }
+      memory::release(tmp_);
     } else {
       std::size_t first = 0;
       while (first < gr.params.size()) {

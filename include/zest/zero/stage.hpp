@@ -61,6 +61,16 @@ struct split_last_dim {
   }
 };
 
+// A dim chosen by its letter, e.g. split_dim_named<'m'> for expert weights "emh" whose
+// expert dim is already split over an expert axis (a dims string without D picks dim 0).
+template <char D>
+struct split_dim_named {
+  static constexpr std::size_t dim_index(std::string_view dims) {
+    const std::size_t i = dims.find(D);
+    return i == std::string_view::npos ? 0 : i;
+  }
+};
+
 template <class R>
 concept zero_split_rule = requires(std::string_view dims) {
   { R::dim_index(dims) } -> std::convertible_to<std::size_t>;
@@ -182,6 +192,9 @@ struct zero_stage {
   static constexpr int stage = Stage;
   static constexpr std::string_view data_axis = DataAxis.view();
   using split_rule = SplitRule;
+  // The same stage with another split rule (for parameters whose first dim is taken).
+  template <zero_split_rule R>
+  using with_split_rule = zero_stage<Stage, DataAxis, R>;
 
   // What the stage partitions over the data axis (ZeRO's P_os, P_g, P_p).
   static constexpr bool partitions_optimizer_state = Stage >= 1;

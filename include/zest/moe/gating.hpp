@@ -1,0 +1,536 @@
+// zest/moe/gating.hpp — Mixture-of-Experts gating: GShard top-2 and Switch top-1 routing.
+//
+//   auto logits = autodiff::einsum<"gsm,me->gse">(x, w_gate);   // "gse" split(g:dp,ep)
+//   auto r = moe::top2_gating(logits, {.capacity_factor = 1.25, .seed = step});
+//   // r.dispatch "gsec" 0/1, a constant:     einsum<"gsec,gsm->egcm">(dispatch, x)
+//   // r.combine  "gsec" gate weights:        einsum<"gsec,egcm->gsm">(combine, expert_out)
+//   // r.expert_index, r.slot_index, r.weight "gsk": the same routing for gather/scatter
+//   // loss = nll + aux_weight * r.aux_loss + z_weight * r.z_loss
+//
+// Tokens come as G groups of S tokens (a group is a sequence); each group routes its tokens
+// to E experts on its own, with C slots per expert, so a rank needs whole groups: the logits
+// may split g over any axes, never s or e, and must not be partial. Every output keeps the
+// logits' split of g.
+//
+// Types, for logits L = basic_tensor<T, Mesh, "gse", Lg> (T float or double, Lg splits only
+// g): gating returns routing<Mesh, Lg, T> (routing_for<L>::type, or routing_of<L>), with
+//
+//   slot_tensor   = basic_tensor<T, Mesh, "gsec", Lg>
+//   index_tensor  = basic_tensor<std::int32_t, Mesh, "gsk", Lg>
+//   weight_tensor = basic_tensor<T, Mesh, "gsk", Lg>
+//   scalar_tensor = basic_tensor<T, Mesh, "", Ls>, Ls partial on the axes that split g (as
+//                   cross_entropy's loss), replicated on the others
+//
+// and the members
+//
+//   combine       autodiff::variable<slot_tensor>
+//   dispatch      slot_tensor (a plain tensor)
+//   expert_index  index_tensor
+//   slot_index    index_tensor
+//   weight        autodiff::variable<weight_tensor>
+//   aux_loss      autodiff::variable<scalar_tensor>
+//   z_loss        autodiff::variable<scalar_tensor>
+//   stats         routing_stats (this rank's groups)
+//   capacity      std::size_t, C
+//
+// (Lg is a valid layout of "gsec" and "gsk" as it is: it names only the dim g.)
+//
+// The routing, per group, tokens in s order (GShard, Lepikhin et al. 2020, Algorithm 1):
+//   p = softmax_e(logits), in T (fp32 or wider); e1 = argmax p, e2 = argmax of the rest
+//   (ties: the lowest index). Top-2: gates g1 = p[e1] / (p[e1] + p[e2]), g2 = p[e2] / (...);
+//   top-1 (Switch): g1 = p[e1], not renormalised.
+//   C = expert_capacity(S, E, k, training ? capacity_factor : eval_capacity_factor).
+//   slot of a first choice = the number of earlier tokens with the same first choice;
+//   kept iff slot < C.
+//   A second choice is routed iff not (training and random_routing), or u < 2 * g2, where
+//     u = (splitmix64(splitmix64(seed) ^ (global_g * S + s)) >> 11) * 2^-53,
+//   a pure function of the seed and the global token, whatever the number of ranks. This is
+//   decided first: an unrouted second choice takes no slot. The slot of a routed second
+//   choice = (first choices of that expert in the group) + (earlier routed second choices to
+//   it); kept iff slot < C.
+//   A dropped assignment (over capacity, or not routed) has weight 0, slot -1, and no entry
+//   in dispatch or combine: only the residual connection carries it. expert_index keeps the
+//   choice (e1, e2) even when dropped.
+//
+//   worked example, S = 6, E = 3, k = 2, C = 2 (capacity_factor 0.5), no random routing:
+//     p (rows = tokens)  e1 e2   first slot     second slot
+//     .6  .3  .1          0  1    0             c1 + 0 = 1
+//     .5  .2  .3          0  2    1             c2 + 0 = 2  dropped
+//     .7  .1  .2          0  2    2  dropped    c2 + 1 = 3  dropped
+//     .2  .5  .3          1  2    0             4           dropped
+//     .1  .4  .5          2  1    0             c1 + 1 = 2  dropped
+//     .3  .25 .45         2  0    1             c0 + 0 = 3  dropped
+//   (c0, c1, c2 = 3, 1, 2). Had the first token's second choice not been routed, the fifth
+//   token's would take slot 1 of expert 1.
+//
+// Losses, scalars already averaged over all G groups (each rank adds its groups' share):
+//   aux_loss = (1/G) sum_g E * sum_e (c_ge / S) * m_ge,  c_ge = first choices of e in group g
+//     (constant), m_ge = mean over s of p[e]. This is GShard's (1/E) sum_e (c_e/S) m_e scaled
+//     by E^2, and Switch's E * sum_i f_i P_i: 1 exactly at perfect balance (c = S/E, m = 1/E).
+//     In the example: 3 * (3/6 * .4 + 1/6 * 1.75/6 + 2/6 * 1.85/6) = 253/240.
+//   z_loss = mean over all tokens of logsumexp_e(logits)^2 (router z-loss, ST-MoE); computed
+//     always, weighted by the caller (gating_options::z_loss_weight records the choice).
+//
+// Gradients flow into the logits from combine and weight (through the gates: the derivative
+// of the renormalisation, then softmax's), from aux_loss (through m) and from z_loss. Argmaxes,
+// counts, slots and random decisions are constants. Host backend only.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "zest/autodiff/dual.hpp"
+#include "zest/autodiff/ops.hpp"
+#include "zest/autodiff/tape.hpp"
+#include "zest/core/error.hpp"
+#include "zest/core/fixed_string.hpp"
+#include "zest/core/random.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/tensor/tensor.hpp"
+
+namespace zest::moe {
+
+struct gating_options {
+  int top_k = 2;                      // 2: GShard; 1: Switch
+  double capacity_factor = 1.25;      // training
+  double eval_capacity_factor = 2.0;  // evaluation
+  bool training = true;
+  bool random_routing = true;  // GShard: route the 2nd expert with probability min(1, 2 * g2)
+  double z_loss_weight = 0;    // router z-loss weight (0 = off), applied by the caller
+  std::uint64_t seed = 0;      // random routing: u of (seed, global token index)
+};
+
+// C = ceil(k * S / E * factor), at least 1. Rounding noise in the product (20 * 1.1 =
+// 22.000000000000004) does not add a slot.
+inline std::size_t expert_capacity(std::size_t tokens_per_group, std::size_t experts, int top_k,
+                                   double factor) {
+  if (experts == 0 || top_k < 1 || !(factor > 0) || !std::isfinite(factor)) {
+    throw shape_error(zest::detail::message(
+        "zest: expert_capacity: needs experts >= 1, top_k >= 1 and a finite factor > 0; got E = ",
+        experts, ", k = ", top_k, ", factor = ", factor));
+  }
+  const double exact = static_cast<double>(top_k) * static_cast<double>(tokens_per_group) /
+                       static_cast<double>(experts) * factor;
+  const double c = std::ceil(exact * (1 - 1e-12));
+  return std::max<std::size_t>(1, static_cast<std::size_t>(c));
+}
+
+// Counts over this rank's groups; totals over ranks are sums (the caller's business).
+struct routing_stats {
+  std::vector<std::int64_t> tokens_per_expert;  // first choices per expert (before capacity)
+  std::vector<std::int64_t> kept_per_expert;    // assignments kept (all k), after capacity
+  std::int64_t tokens = 0;                      // local tokens
+  std::int64_t assignments = 0;                 // tokens * top_k
+  std::int64_t dropped = 0;  // assignments dropped (over capacity, or 2nd choice not routed)
+};
+
+// Dims of the routing tensors: g group, s token, e expert, c slot, k choice.
+inline constexpr fixed_string<5> slot_dims{"gsec"};
+inline constexpr fixed_string<4> choice_dims{"gsk"};
+
+// The routing of this rank's groups; TokenLayout is the layout of the "gse" logits.
+template <class Mesh, layout_value TokenLayout, class T>
+struct routing {
+  static constexpr layout_value layout = TokenLayout;
+  static constexpr layout_value scalar_layout = autodiff::detail::scalar_sum_layout(TokenLayout);
+  using slot_tensor = basic_tensor<T, Mesh, slot_dims, TokenLayout>;                // "gsec"
+  using index_tensor = basic_tensor<std::int32_t, Mesh, choice_dims, TokenLayout>;  // "gsk"
+  using weight_tensor = basic_tensor<T, Mesh, choice_dims, TokenLayout>;            // "gsk"
+  using scalar_tensor = basic_tensor<T, Mesh, autodiff::detail::no_dims, scalar_layout>;
+
+  // Gate weight where token s of group g goes to slot c of expert e, 0 elsewhere.
+  autodiff::variable<slot_tensor> combine;
+  // 1 where token s of group g goes to slot c of expert e, 0 elsewhere.
+  slot_tensor dispatch;
+  // The k-th choice of expert, kept or not, and its slot (-1 = dropped).
+  index_tensor expert_index;
+  index_tensor slot_index;
+  // The k-th gate weight (0 = dropped).
+  autodiff::variable<weight_tensor> weight;
+  autodiff::variable<scalar_tensor> aux_loss;  // 1 at perfect balance
+  autodiff::variable<scalar_tensor> z_loss;    // mean of logsumexp(logits)^2
+  routing_stats stats;
+  std::size_t capacity = 0;
+};
+
+// The routing type of logits L (a class: g++ 12 crashes on an alias given a dependent
+// class-type argument; routing_of<L> is the alias for code where L is not dependent).
+template <sharded_tensor L>
+struct routing_for {
+  using type = routing<typename L::mesh_type, L::layout, typename L::value_type>;
+};
+template <sharded_tensor L>
+using routing_of = typename routing_for<L>::type;
+
+// ---------------------------------------------------------------------------------------
+// Diagnostics: each is instantiated with the operation's name and the logits' type, which
+// the compiler prints on the line above the message.
+
+namespace moe_error {
+template <class...>
+inline constexpr bool always_false = false;
+template <fixed_string Operation, class Logits>
+struct logits_dims {
+  static_assert(always_false<Logits>,
+                "zest moe gating: the gate logits have dims \"gse\" (group, token, expert); "
+                "these have others (operation and logits shown above). Fix: "
+                "autodiff::einsum<\"gsm,me->gse\">(x, w_gate).");
+};
+template <fixed_string Operation, class Logits>
+struct partial_logits {
+  static_assert(always_false<Logits>,
+                "zest moe gating: the gate logits are a pending sum over a mesh axis (operation "
+                "and logits shown above); softmax and top-k need whole values. Fix: reduce "
+                "first, e.g. autodiff::redistribute<layout<split<'g', \"dp\">>>(logits).");
+};
+template <fixed_string Operation, class Logits>
+struct split_tokens {
+  static_assert(always_false<Logits>,
+                "zest moe gating: the gate logits split the token dim s (operation and logits "
+                "shown above); slots are counted along s within a group, so a rank needs whole "
+                "groups. Fix: split only the group dim, layout<split<'g', \"dp\", \"ep\">>, "
+                "e.g. autodiff::redistribute<layout<split<'g', \"dp\">>>(logits).");
+};
+template <fixed_string Operation, class Logits>
+struct split_experts {
+  static_assert(always_false<Logits>,
+                "zest moe gating: the gate logits split the expert dim e (operation and logits "
+                "shown above); softmax and top-k run along e, so a rank needs every expert's "
+                "logit. Fix: split only the group dim, layout<split<'g', \"dp\", \"ep\">>, e.g. "
+                "autodiff::redistribute<layout<split<'g', \"dp\">>>(logits).");
+};
+}  // namespace moe_error
+
+namespace detail {
+
+template <fixed_string Op, class L>
+constexpr bool check_logits() {
+  if constexpr (!autodiff::detail::check_real_operand<Op, L>()) {
+    return false;
+  } else if constexpr (!(L::dims == fixed_string("gse"))) {
+    (void)moe_error::logits_dims<Op, L>{};
+    return false;
+  } else if constexpr (L::layout.any_partial()) {
+    (void)moe_error::partial_logits<Op, L>{};
+    return false;
+  } else if constexpr (L::layout.split_count('s') != 0) {
+    (void)moe_error::split_tokens<Op, L>{};
+    return false;
+  } else if constexpr (L::layout.split_count('e') != 0) {
+    (void)moe_error::split_experts<Op, L>{};
+    return false;
+  } else {
+    return true;
+  }
+}
+
+// The uniform draw in [0, 1) of random routing for global token index i.
+struct routing_draw {
+  std::uint64_t key = 0;
+  explicit routing_draw(std::uint64_t seed) : key(splitmix64(seed)) {}
+  double operator()(std::uint64_t i) const {
+    return static_cast<double>(splitmix64(key ^ i) >> 11) * 0x1p-53;
+  }
+};
+
+// What the backward step needs of the forward, per local token (n = local groups * S).
+template <class T>
+struct routing_tape {
+  std::size_t groups = 0, local_groups = 0, tokens = 0, experts = 0, capacity = 0;
+  int k = 0;
+  std::vector<T> probs;                    // [n][E]
+  std::vector<T> lse;                      // [n]
+  std::vector<std::int32_t> expert;        // [n][k]
+  std::vector<std::int32_t> slot;          // [n][k], -1 = dropped
+  std::vector<std::int64_t> first_counts;  // [local_groups][E]
+};
+
+// Softmax of one row of E logits into p; returns logsumexp.
+template <class T>
+T softmax_row(const T* x, T* p, std::size_t n) {
+  T m = x[0];
+  for (std::size_t e = 1; e < n; ++e) m = std::max(m, x[e]);
+  T sum = 0;
+  for (std::size_t e = 0; e < n; ++e) sum += (p[e] = std::exp(x[e] - m));
+  const T inv = T(1) / sum;
+  for (std::size_t e = 0; e < n; ++e) p[e] *= inv;
+  return m + std::log(sum);
+}
+
+// The index of the largest p[e], e != skip; the lowest such index on ties.
+template <class T>
+std::size_t argmax_except(const T* p, std::size_t n, std::size_t skip) {
+  std::size_t best = n;
+  for (std::size_t e = 0; e < n; ++e) {
+    if (e == skip) continue;
+    if (best == n || p[e] > p[best]) best = e;
+  }
+  return best;
+}
+
+// The gates of token t (renormalised for k = 2), kept or not.
+template <class T>
+std::array<T, 2> gates_of(const routing_tape<T>& r, std::size_t t) {
+  const T* p = r.probs.data() + t * r.experts;
+  const T p1 = p[r.expert[t * r.k]];
+  if (r.k == 1) return {p1, T(0)};
+  const T p2 = p[r.expert[t * r.k + 1]];
+  return {p1 / (p1 + p2), p2 / (p1 + p2)};
+}
+
+template <int K, fixed_string Op, sharded_tensor L>
+auto route(const autodiff::variable<L>& logits, const gating_options& o) {
+  using T = typename L::value_type;
+  using mesh_t = typename L::mesh_type;
+  using result_t = routing<mesh_t, L::layout, T>;
+  using slot_t = typename result_t::slot_tensor;
+  using index_t = typename result_t::index_tensor;
+  using weight_t = typename result_t::weight_tensor;
+  using scalar_t = typename result_t::scalar_tensor;
+  const L& lv = logits.value();
+  const std::size_t G = lv.extent('g'), S = lv.extent('s'), E = lv.extent('e');
+  if (o.top_k != K) {
+    throw shape_error(zest::detail::message(
+        "zest: ", Op.view(), ": options.top_k is ", o.top_k, ", this gating routes to ", K,
+        " expert(s). Fix: set top_k = ", K, ", or call moe::gating(logits, options)"));
+  }
+  if (G == 0 || S == 0 || E < static_cast<std::size_t>(K)) {
+    throw shape_error(zest::detail::message(
+        "zest: ", Op.view(), ": the logits \"gse\" are ", G, " x ", S, " x ", E, "; top-", K,
+        " gating needs at least one group and token and ", K, " expert(s)"));
+  }
+  const double factor = o.training ? o.capacity_factor : o.eval_capacity_factor;
+  const std::size_t C = expert_capacity(S, E, K, factor);
+  const bool random = K == 2 && o.training && o.random_routing;
+  const routing_draw draw(o.seed);
+
+  auto tape = std::make_shared<routing_tape<T>>();
+  routing_tape<T>& r = *tape;
+  r.groups = G;
+  r.local_groups = lv.local_extents()[0];
+  r.tokens = S;
+  r.experts = E;
+  r.capacity = C;
+  r.k = K;
+  const std::size_t n = r.local_groups * S;
+  const std::size_t first_group = lv.local_offsets()[0];
+  r.probs.resize(n * E);
+  r.lse.resize(n);
+  r.expert.assign(n * K, -1);
+  r.slot.assign(n * K, -1);
+  r.first_counts.assign(r.local_groups * E, 0);
+
+  routing_stats stats;
+  stats.tokens_per_expert.assign(E, 0);
+  stats.kept_per_expert.assign(E, 0);
+  stats.tokens = static_cast<std::int64_t>(n);
+  stats.assignments = static_cast<std::int64_t>(n) * K;
+
+  const T* px = lv.local().data();
+  std::vector<std::int64_t> second_counts(E);
+  for (std::size_t g = 0; g < r.local_groups; ++g) {
+    std::int64_t* first = r.first_counts.data() + g * E;
+    // First choices: slots in token order.
+    for (std::size_t s = 0; s < S; ++s) {
+      const std::size_t t = g * S + s;
+      T* p = r.probs.data() + t * E;
+      r.lse[t] = softmax_row(px + t * E, p, E);
+      const std::size_t e1 = argmax_except(p, E, E);
+      r.expert[t * K] = static_cast<std::int32_t>(e1);
+      r.slot[t * K] = static_cast<std::int32_t>(first[e1]++);
+      if constexpr (K == 2)
+        r.expert[t * K + 1] = static_cast<std::int32_t>(argmax_except(p, E, e1));
+    }
+    // Second choices: the random decision first, then slots after all first choices.
+    if constexpr (K == 2) {
+      std::fill(second_counts.begin(), second_counts.end(), 0);
+      for (std::size_t s = 0; s < S; ++s) {
+        const std::size_t t = g * S + s;
+        const auto e2 = static_cast<std::size_t>(r.expert[t * K + 1]);
+        const bool routed =
+            !random || draw((first_group + g) * S + s) < 2 * static_cast<double>(gates_of(r, t)[1]);
+        if (routed) r.slot[t * K + 1] = static_cast<std::int32_t>(first[e2] + second_counts[e2]++);
+      }
+    }
+    for (std::size_t e = 0; e < E; ++e) stats.tokens_per_expert[e] += first[e];
+  }
+  for (std::size_t a = 0; a < n * K; ++a) {
+    if (r.slot[a] >= static_cast<std::int64_t>(C)) r.slot[a] = -1;
+    if (r.slot[a] >= 0) ++stats.kept_per_expert[static_cast<std::size_t>(r.expert[a])];
+  }
+  std::int64_t kept = 0;
+  for (auto v : stats.kept_per_expert) kept += v;
+  stats.dropped = stats.assignments - kept;
+
+  // The routing tensors.
+  const mesh_t& mesh = lv.mesh();
+  slot_t combine(mesh, {G, S, E, C});
+  slot_t dispatch(mesh, {G, S, E, C});
+  index_t expert_index(mesh, {G, S, static_cast<std::size_t>(K)}, index_t::uninitialized);
+  index_t slot_index(mesh, {G, S, static_cast<std::size_t>(K)}, index_t::uninitialized);
+  weight_t weight(mesh, {G, S, static_cast<std::size_t>(K)});
+  {
+    T* pc = combine.local().data();
+    T* pd = dispatch.local().data();
+    T* pw = weight.local().data();
+    std::copy(r.expert.begin(), r.expert.end(), expert_index.local().begin());
+    std::copy(r.slot.begin(), r.slot.end(), slot_index.local().begin());
+    for (std::size_t t = 0; t < n; ++t) {
+      const std::array<T, 2> gate = gates_of(r, t);
+      for (std::size_t j = 0; j < static_cast<std::size_t>(K); ++j) {
+        const std::int32_t c = r.slot[t * K + j];
+        if (c < 0) continue;
+        const std::size_t at = (t * E + static_cast<std::size_t>(r.expert[t * K + j])) * C +
+                               static_cast<std::size_t>(c);
+        pc[at] = gate[j];
+        pd[at] = T(1);
+        pw[t * K + j] = gate[j];
+      }
+    }
+  }
+
+  // The losses: this rank's share of the means over all groups and tokens.
+  double aux = 0, z = 0;
+  for (std::size_t g = 0; g < r.local_groups; ++g) {
+    for (std::size_t e = 0; e < E; ++e) {
+      double mean_gate = 0;
+      for (std::size_t s = 0; s < S; ++s)
+        mean_gate += static_cast<double>(r.probs[(g * S + s) * E + e]);
+      aux += static_cast<double>(r.first_counts[g * E + e]) * mean_gate;
+    }
+  }
+  aux *= static_cast<double>(E) /
+         (static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(G));
+  for (std::size_t t = 0; t < n; ++t)
+    z += static_cast<double>(r.lse[t]) * static_cast<double>(r.lse[t]);
+  z /= static_cast<double>(G) * static_cast<double>(S);
+  scalar_t aux_loss(mesh, {});
+  scalar_t z_loss(mesh, {});
+  aux_loss.local()[0] = static_cast<T>(aux);
+  z_loss.local()[0] = static_cast<T>(z);
+
+  autodiff::tape& owner = logits.owner();
+  const bool grads = logits.requires_grad();
+  auto combine_v = autodiff::detail::make_result(owner, std::move(combine), grads);
+  auto weight_v = autodiff::detail::make_result(owner, std::move(weight), grads);
+  auto aux_v = autodiff::detail::make_result(owner, std::move(aux_loss), grads);
+  auto z_v = autodiff::detail::make_result(owner, std::move(z_loss), grads);
+  if (grads) {
+    // One step for all four outputs: they are made here, so every later use of them has run
+    // (backward goes in reverse) when this step reads their gradients.
+    owner.record([ln = logits.node(), cn = combine_v.node(), wn = weight_v.node(),
+                  an = aux_v.node(), zn = z_v.node(), tape] {
+      if (!cn->grad && !wn->grad && !an->grad && !zn->grad) return;
+      const routing_tape<T>& r = *tape;
+      const std::size_t E = r.experts, C = r.capacity, S = r.tokens;
+      const std::size_t k = static_cast<std::size_t>(r.k);
+      const double G = static_cast<double>(r.groups);
+      const T* dcombine = cn->grad ? std::as_const(*cn->grad).local().data() : nullptr;
+      const T* dweight = wn->grad ? std::as_const(*wn->grad).local().data() : nullptr;
+      // d aux / d p[g][s][e] = daux * E * c_ge / (S^2 G);  d z / d x = dz * 2 lse p / (G S).
+      const double daux = an->grad ? static_cast<double>(std::as_const(*an->grad).local()[0]) *
+                                         static_cast<double>(E) /
+                                         (static_cast<double>(S) * static_cast<double>(S) * G)
+                                   : 0.0;
+      const T dz = zn->grad
+                       ? static_cast<T>(static_cast<double>(std::as_const(*zn->grad).local()[0]) *
+                                        2.0 / (G * static_cast<double>(S)))
+                       : T(0);
+      autodiff::dual_tensor<L> dx(ln->value.mesh(), ln->value.extents(),
+                                  autodiff::dual_tensor<L>::uninitialized);
+      T* pdx = dx.local().data();
+      std::vector<T> dp(E);
+      const std::size_t n = r.local_groups * S;
+      for (std::size_t t = 0; t < n; ++t) {
+        const std::size_t g = t / S;
+        const T* p = r.probs.data() + t * E;
+        for (std::size_t e = 0; e < E; ++e) {
+          dp[e] = static_cast<T>(daux * static_cast<double>(r.first_counts[g * E + e]));
+        }
+        // The gates' gradients: from combine at the kept slot, and from weight.
+        std::array<T, 2> dgate{};
+        for (std::size_t j = 0; j < k; ++j) {
+          const std::int32_t c = r.slot[t * k + j];
+          if (c < 0) continue;  // a dropped gate is the constant 0
+          const auto e = static_cast<std::size_t>(r.expert[t * k + j]);
+          if (dcombine) dgate[j] += dcombine[(t * E + e) * C + static_cast<std::size_t>(c)];
+          if (dweight) dgate[j] += dweight[t * k + j];
+        }
+        const auto e1 = static_cast<std::size_t>(r.expert[t * k]);
+        if (k == 1) {
+          dp[e1] += dgate[0];
+        } else {
+          // g1 = p1 / (p1 + p2), g2 = p2 / (p1 + p2): dg1/dp1 = p2/d^2, dg1/dp2 = -p1/d^2.
+          const auto e2 = static_cast<std::size_t>(r.expert[t * k + 1]);
+          const T p1 = p[e1], p2 = p[e2], d = p1 + p2;
+          const T diff = (dgate[0] - dgate[1]) / (d * d);
+          dp[e1] += p2 * diff;
+          dp[e2] -= p1 * diff;
+        }
+        // Softmax backward, plus the z-loss term.
+        T dot = 0;
+        for (std::size_t e = 0; e < E; ++e) dot += p[e] * dp[e];
+        const T zt = dz * r.lse[t];
+        T* out = pdx + t * E;
+        for (std::size_t e = 0; e < E; ++e) out[e] = p[e] * (dp[e] - dot + zt);
+      }
+      ln->accumulate(std::move(dx));
+    });
+  }
+  return result_t{.combine = std::move(combine_v),
+                  .dispatch = std::move(dispatch),
+                  .expert_index = std::move(expert_index),
+                  .slot_index = std::move(slot_index),
+                  .weight = std::move(weight_v),
+                  .aux_loss = std::move(aux_v),
+                  .z_loss = std::move(z_v),
+                  .stats = std::move(stats),
+                  .capacity = C};
+}
+
+}  // namespace detail
+
+// GShard top-2 gating of "gse" logits (options.top_k must be 2).
+template <sharded_tensor L>
+auto top2_gating(const autodiff::variable<L>& logits, const gating_options& options) {
+  if constexpr (!detail::check_logits<"top2_gating", L>()) {
+    return 0;
+  } else {
+    return detail::route<2, "top2_gating">(logits, options);
+  }
+}
+
+// Switch top-1 gating of "gse" logits (options.top_k must be 1): the gate is p[e1] itself.
+template <sharded_tensor L>
+auto top1_gating(const autodiff::variable<L>& logits, const gating_options& options) {
+  if constexpr (!detail::check_logits<"top1_gating", L>()) {
+    return 0;
+  } else {
+    return detail::route<1, "top1_gating">(logits, options);
+  }
+}
+
+// top1_gating or top2_gating as options.top_k says; both return routing_for<L>::type.
+template <sharded_tensor L>
+auto gating(const autodiff::variable<L>& logits, const gating_options& options) {
+  if constexpr (!detail::check_logits<"gating", L>()) {
+    return 0;
+  } else {
+    if (options.top_k == 1) return detail::route<1, "top1_gating">(logits, options);
+    if (options.top_k != 2) {
+      throw shape_error(zest::detail::message("zest: gating: options.top_k is ", options.top_k,
+                                              "; GShard routes to 2 experts, Switch to 1"));
+    }
+    return detail::route<2, "top2_gating">(logits, options);
+  }
+}
+
+}  // namespace zest::moe

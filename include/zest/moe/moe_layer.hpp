@@ -1,0 +1,279 @@
+// zest/moe/moe_layer.hpp — GShard's Mixture-of-Experts feed-forward layer.
+//
+//   using policy = zest::training_policy<zest::mesh<"dp", "ep">, zest::zero_stage<3>>;
+//   zest::moe::moe_layer<policy> ffn(engine, "h0.moe", width, hidden, /*experts=*/8,
+//                                    {.top_k = 2, .capacity_factor = 1.25});
+//   auto y = ffn(x);                                // x "btm" split<'b', "dp", "ep">
+//   auto loss = nll + autodiff::scale(ffn.aux_loss(), 0.01F);
+//
+// A drop-in for zest::mlp: "btm" in, "btm" out, in x's layout. A sequence is a group:
+//
+//   x "btm" -> "gsm"                                   relabel (free)
+//   logits  "gsm,me->gse"                              gate "me", fp32, no communication
+//   routing moe::gating (top-2 GShard or top-1 Switch, capacity C)
+//   dispatch "egcm"                                    dispatch_by_index, or the einsum
+//                                                      "gsec,gsm->egcm" (index_path = false)
+//   all-to-all to the experts                          g's ExpertAxis split moves to e
+//   experts "egcm,emh->egch", GELU, "egch,ehm->egcm"   (+ biases "eh", "em")
+//   all-to-all back, combine "gsm"                     combine_by_index, or "gsec,egcm->gsm"
+//   "gsm" -> "btm"
+//
+// Parameters: the gate "me" is replicated (ZeRO partitions it over the data axis like any
+// weight); the experts' weights "emh", "ehm" and biases "eh", "em" are split<'e', ExpertAxis>
+// (each rank of the expert axis holds E / size experts) and ZeRO partitions a dim other than
+// e over the data axis (m, h, h, m). Their gradients arrive partial over the data axis only.
+//
+// E must divide over the expert axis. Axis sizes are run-time values, so the constructor
+// checks (zest::shape_error naming E and the size); with both Experts and ExpertAxisSize
+// given as template arguments the check is a compile-time error, and the constructor checks
+// that the mesh and E agree with them.
+//
+// Collectives never depend on the routing: the capacity fixes every shape, so a rank whose
+// experts receive no token sends and receives its blocks like any other. The aux loss, the
+// z-loss and the statistics of the last forward are kept: the caller adds k · aux_loss().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "zest/autodiff/dual.hpp"
+#include "zest/autodiff/ops.hpp"
+#include "zest/autodiff/tape.hpp"
+#include "zest/core/error.hpp"
+#include "zest/core/fixed_string.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/moe/dispatch.hpp"
+#include "zest/moe/gating.hpp"
+#include "zest/nn/parameter.hpp"
+#include "zest/tensor/relabel.hpp"
+#include "zest/zero/engine.hpp"
+#include "zest/zero/stage.hpp"
+
+namespace zest::moe {
+
+namespace layer_error {
+template <std::size_t...>
+inline constexpr bool always_false = false;
+// Instantiated with E and the expert axis size, shown above the message.
+template <std::size_t Experts, std::size_t ExpertAxisSize>
+struct experts_not_divisible {
+  static_assert(always_false<Experts, ExpertAxisSize>,
+                "zest moe_layer: the number of experts is not divisible by the expert axis size "
+                "(experts_not_divisible<E, size> above); each rank of the expert axis holds E / "
+                "size experts. Fix: make E a multiple of the expert axis size.");
+};
+template <class Mesh, fixed_string ExpertAxis>
+struct no_expert_axis {
+  static_assert(always_false<>,
+                "zest moe_layer: the mesh has no axis named like ExpertAxis (both shown above). "
+                "Fix: moe_layer<P, \"ep\"> with one of the mesh's axes, e.g. mesh<\"dp\", \"ep\">.");
+};
+template <class Mesh, fixed_string ExpertAxis>
+struct expert_axis_is_data_axis {
+  static_assert(always_false<>,
+                "zest moe_layer: the expert axis is the ZeRO data axis (shown above); experts are "
+                "split over their own axis, and ZeRO partitions them over the data axis. Fix: a "
+                "mesh with a separate expert axis, e.g. mesh<\"dp\", \"ep\">.");
+};
+}  // namespace layer_error
+
+namespace detail {
+template <class Mesh, fixed_string ExpertAxis, std::size_t DataAxis, std::size_t Experts,
+          std::size_t ExpertAxisSize>
+constexpr bool check_layer() {
+  constexpr std::size_t axis = axis_named<Mesh>(ExpertAxis.view());
+  if constexpr (axis == Mesh::axis_count) {
+    (void)layer_error::no_expert_axis<Mesh, ExpertAxis>{};
+    return false;
+  } else if constexpr (axis == DataAxis) {
+    (void)layer_error::expert_axis_is_data_axis<Mesh, ExpertAxis>{};
+    return false;
+  } else if constexpr (Experts != 0 && ExpertAxisSize != 0 && Experts % ExpertAxisSize != 0) {
+    (void)layer_error::experts_not_divisible<Experts, ExpertAxisSize>{};
+    return false;
+  } else {
+    return true;
+  }
+}
+
+// A scalar pending on every mesh axis: where a loss of any token layout can be kept (going
+// there from replicate keeps the value on coordinate 0 — no communication either way).
+constexpr layout_value pending_everywhere(std::size_t axes) {
+  layout_value v = replicated_layout(axes);
+  for (std::size_t a = 0; a < axes; ++a) v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
+  return v;
+}
+
+// x as a variable of type Y: itself if it is one, else redistributed (on the tape).
+template <class Y, sharded_tensor X>
+autodiff::variable<Y> conform(autodiff::variable<X> x) {
+  if constexpr (std::is_same_v<X, Y>) {
+    return x;
+  } else {
+    return redistribute_variable<Y::layout>(x);
+  }
+}
+}  // namespace detail
+
+template <training_policy_type P, fixed_string ExpertAxis = "ep", std::size_t Experts = 0,
+          std::size_t ExpertAxisSize = 0>
+class moe_layer {
+  using mesh_t = typename P::mesh_type;
+  static_assert(detail::check_layer<mesh_t, ExpertAxis, P::data_axis, Experts, ExpertAxisSize>());
+  static constexpr std::size_t expert_axis = detail::axis_named<mesh_t>(ExpertAxis.view());
+  using expert_base = layout<split<'e', ExpertAxis>>;
+  static constexpr layout_value scalar_layout = detail::pending_everywhere(mesh_t::axis_count);
+
+ public:
+  using gate_type = parameter<P, "me">;
+  using in_weight_type = parameter<P, "emh", expert_base, split_dim_named<'m'>>;
+  using in_bias_type = parameter<P, "eh", expert_base, split_dim_named<'h'>>;
+  using out_weight_type = parameter<P, "ehm", expert_base, split_dim_named<'h'>>;
+  using out_bias_type = parameter<P, "em", expert_base, split_dim_named<'m'>>;
+  // The aux loss and z-loss of the last forward: float scalars pending on every axis (add
+  // them to a loss of any layout; a sum's pending axes meet with no communication).
+  using scalar_tensor = basic_tensor<float, mesh_t, autodiff::detail::no_dims, scalar_layout>;
+  using scalar_variable = autodiff::variable<scalar_tensor>;
+
+  // Gate and expert weights ~ N(0, 0.02) (the experts' output ~ N(0, residual_std)), biases 0.
+  moe_layer(zero_engine<P>& engine, const std::string& name, std::size_t width,
+            std::size_t hidden, std::size_t experts, const gating_options& options = {},
+            bool index_path = true, bool expert_biases = true, double residual_std = 0.02)
+      : experts_(checked_experts(engine.mesh(), name, experts)),
+        options_(options),
+        index_path_(index_path),
+        gate_(engine, name + ".gate.weight", {width, experts}, init::normal{0.02}),
+        w_in_(engine, name + ".experts.fc.weight", {experts, width, hidden}, init::normal{0.02}),
+        w_out_(engine, name + ".experts.proj.weight", {experts, hidden, width},
+               init::normal{residual_std}) {
+    if (expert_biases) {
+      b_in_.emplace(engine, name + ".experts.fc.bias", typename in_bias_type::extents_type{experts, hidden},
+                    init::constant{0.0}, /*decay=*/false);
+      b_out_.emplace(engine, name + ".experts.proj.bias", typename out_bias_type::extents_type{experts, width},
+                     init::constant{0.0}, /*decay=*/false);
+    }
+  }
+  moe_layer(const moe_layer&) = delete;
+  moe_layer& operator=(const moe_layer&) = delete;
+
+  // x "btm" (any three dims: batch, time, model) -> the same type. The routing's random
+  // draws use options().seed; the second overload sets it for this call (vary it per step).
+  template <sharded_tensor X>
+  autodiff::variable<X> operator()(const autodiff::variable<X>& x) const {
+    return forward(x, options_);
+  }
+  template <sharded_tensor X>
+  autodiff::variable<X> operator()(const autodiff::variable<X>& x, std::uint64_t seed) const {
+    gating_options o = options_;
+    o.seed = seed;
+    return forward(x, o);
+  }
+
+  // The last forward's aux loss (1 at perfect balance; add k · aux_loss() to the loss) and
+  // router z-loss (weighted by options().z_loss_weight if the caller uses it).
+  const scalar_variable& aux_loss() const { return last("aux_loss", aux_); }
+  const scalar_variable& z_loss() const { return last("z_loss", z_); }
+  // The last forward's routing counts on this rank, capacity, and all-to-all bytes per rank
+  // (all_to_all_bytes(): what the expert axis' counters add over its forward and backward).
+  const routing_stats& stats() const { return stats_; }
+  std::size_t capacity() const { return capacity_; }
+  const all_to_all_volume& last_all_to_all() const { return volume_; }
+
+  std::size_t experts() const { return experts_; }
+  bool index_path() const { return index_path_; }
+  void set_index_path(bool on) { index_path_ = on; }
+  const gating_options& options() const { return options_; }
+  gating_options& options() { return options_; }
+
+  const gate_type& gate() const { return gate_; }
+  const in_weight_type& in_weight() const { return w_in_; }
+  const out_weight_type& out_weight() const { return w_out_; }
+  bool has_biases() const { return b_in_.has_value(); }
+  const in_bias_type& in_bias() const { return *b_in_; }
+  const out_bias_type& out_bias() const { return *b_out_; }
+
+ private:
+  static std::size_t checked_experts(const mesh_t& mesh, const std::string& name,
+                                     std::size_t experts) {
+    const auto size = static_cast<std::size_t>(mesh.size(expert_axis));
+    const std::string at = zest::detail::message("zest: moe_layer '", name, "': ");
+    if (experts == 0) throw shape_error(at + "needs at least one expert");
+    if (Experts != 0 && experts != Experts) {
+      throw shape_error(zest::detail::message(at, "E = ", experts,
+                                              " experts, but the layer's type says ", Experts));
+    }
+    if (ExpertAxisSize != 0 && size != ExpertAxisSize) {
+      throw shape_error(zest::detail::message(at, "the expert axis '", ExpertAxis.view(),
+                                              "' has size ", size, ", but the layer's type says ",
+                                              ExpertAxisSize));
+    }
+    if (experts % size != 0) {
+      throw shape_error(zest::detail::message(
+          at, "E = ", experts, " experts do not divide over the expert axis '", ExpertAxis.view(),
+          "' of size ", size, "; each rank of the axis holds E / size experts. Fix: a multiple of ",
+          size, " experts, or another mesh shape"));
+    }
+    return experts;
+  }
+
+  const scalar_variable& last(const char* what, const std::optional<scalar_variable>& v) const {
+    if (!v) {
+      throw std::logic_error(zest::detail::message("zest moe_layer: ", what,
+                                                   "() before the first forward"));
+    }
+    return *v;
+  }
+
+  template <sharded_tensor X>
+  autodiff::variable<X> forward(const autodiff::variable<X>& x, const gating_options& o) const {
+    static_assert(X::rank == 3,
+                  "zest moe_layer: the input has three dims, batch, time and model (\"btm\"); a "
+                  "sequence is a group of tokens. Fix: relabel or reshape to three dims.");
+    auto xg = autodiff::relabel<"gsm">(x);
+    using tokens_t = typename decltype(xg)::tensor_type;
+    using dispatched_t = basic_tensor<typename X::value_type, mesh_t, "egcm", tokens_t::layout>;
+    auto logits = autodiff::einsum<"gsm,me->gse">(xg, gate_.value());
+    auto r = gating(logits, o);
+    const std::size_t capacity = r.capacity;
+
+    auto dispatched = index_path_
+                          ? dispatch_by_index(xg, r.expert_index, r.slot_index, experts_, capacity)
+                          : detail::conform<dispatched_t>(autodiff::einsum<"gsec,gsm->egcm">(
+                                xg.owner().constant(r.dispatch), xg));
+    auto h = to_expert_layout<ExpertAxis>(dispatched);
+    auto f = b_in_ ? expert_feed_forward(h, w_in_.value(), b_in_->value(), w_out_.value(),
+                                         b_out_->value())
+                   : expert_feed_forward(h, w_in_.value(), w_out_.value());
+    auto y = to_token_layout<dispatched_t::layout>(f);
+    auto z = index_path_ ? combine_by_index(y, r.weight, r.expert_index, r.slot_index)
+                         : detail::conform<tokens_t>(
+                               autodiff::einsum<"gsec,egcm->gsm">(r.combine, y));
+
+    aux_.emplace(detail::conform<scalar_tensor>(r.aux_loss));
+    z_.emplace(detail::conform<scalar_tensor>(r.z_loss));
+    stats_ = std::move(r.stats);
+    capacity_ = capacity;
+    volume_ = all_to_all_bytes<ExpertAxis>(dispatched.value());
+    return autodiff::relabel<X::dims>(z);
+  }
+
+  std::size_t experts_;
+  gating_options options_;
+  bool index_path_;
+  gate_type gate_;
+  in_weight_type w_in_;
+  out_weight_type w_out_;
+  std::optional<in_bias_type> b_in_;
+  std::optional<out_bias_type> b_out_;
+  mutable std::optional<scalar_variable> aux_, z_;
+  mutable routing_stats stats_;
+  mutable std::size_t capacity_ = 0;
+  mutable all_to_all_volume volume_;
+};
+
+}  // namespace zest::moe
