@@ -3,6 +3,9 @@
 #   cmake -DCOMMAND=<cmd;args...> [-DEXPECT_FAILURE=ON] -DEXPECT=<regex;regex...> \
 #         -P zest_expect_output.cmake
 #
+# In COMMAND, `|` also separates arguments (add_test splits unescaped `;` itself), so
+# "-DCOMMAND=mpiexec|-n|2|prog|--flag" runs mpiexec -n 2 prog --flag.
+#
 # Passes when the command exits non-zero if EXPECT_FAILURE (zero otherwise) and every regex
 # in EXPECT matches its combined stdout and stderr, in any order (MPI ranks' lines arrive
 # through separate pipes, so their order is not fixed). Prints the output either way.
@@ -11,6 +14,7 @@ cmake_minimum_required(VERSION 3.21)
 if(NOT COMMAND)
   message(FATAL_ERROR "zest_expect_output: COMMAND is required")
 endif()
+string(REPLACE "|" ";" COMMAND "${COMMAND}")
 execute_process(COMMAND ${COMMAND} RESULT_VARIABLE status OUTPUT_VARIABLE output
                 ERROR_VARIABLE output)
 message("${output}")

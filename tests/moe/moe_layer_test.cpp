@@ -153,9 +153,6 @@ void check_against_one_rank(const setup& s) {
   const local2 one;
   const layer_result want = run_layer<Stage>(one, s, false);
   CHECK(want.dropped > 0);  // the capacity binds: the drop path is exercised
-  { auto mx=[](const std::vector<double>& v){double m=0; for(double x:v) m=std::max(m,std::abs(x)); return m;};
-    MESSAGE("DEBUG y ", mx(want.y), " dx ", mx(want.dx), " aux ", want.aux[0], " z ", want.z[0], " dropped ", want.dropped, " kept ", want.kept, " C ", want.capacity);
-    for (auto& [n,g]: want.grads) MESSAGE("DEBUG ", n, " ", mx(g)); }
   for (const auto& m : meshes()) {
     CAPTURE(m.describe());
     const layer_result got = run_layer<Stage>(m, s, true);
