@@ -52,6 +52,7 @@
 #include "zest/autodiff/tape.hpp"
 #include "zest/autodiff/ops.hpp"
 
+#include "zest/moe/dispatch.hpp"
 #include "zest/moe/gating.hpp"
 
 #include "zest/data/batches.hpp"

@@ -38,11 +38,12 @@ using globals = std::vector<std::vector<double>>;
 static_assert(has_layout<moe::expert_layout_of<"ep", tensor<double, mesh2, "egcm", tokens>>::type,
                          layout<split<'g', "dp">, split<'e', "ep">>>);
 static_assert(has_layout<moe::expert_layout_of<"ep", tensor<double, mesh2, "egcm",
-                                                             layout<split<'g', "ep", "dp">>>>::type,
+                                                            layout<split<'g', "ep", "dp">>>>::type,
                          layout<split<'g', "dp">, split<'e', "ep">>>);
-static_assert(has_layout<moe::expert_layout_of<"ep", tensor<double, mesh2, "egcm",
-                                                             layout<split<'g', "dp">>>>::type,
-                         layout<split<'g', "dp">, split<'e', "ep">>>);
+static_assert(
+    has_layout<
+        moe::expert_layout_of<"ep", tensor<double, mesh2, "egcm", layout<split<'g', "dp">>>>::type,
+        layout<split<'g', "dp">, split<'e', "ep">>>);
 
 struct shape {
   std::size_t g = 4, s = 5, m = 3, e = 4, c = 2, h = 3, k = 2;
@@ -137,8 +138,8 @@ run_result run(const mesh2& m, const shape& d, const routing_data& r, const glob
     using d_t = typename std::remove_cvref_t<decltype(dispatched)>::tensor_type;
     static_assert(std::is_same_v<d_t, tensor<double, mesh2, "egcm", tokens>>);
     auto de = moe::to_expert_layout<"ep">(dispatched);
-    static_assert(has_layout<typename decltype(de)::tensor_type,
-                             layout<split<'g', "dp">, split<'e', "ep">>>);
+    static_assert(
+        has_layout<typename decltype(de)::tensor_type, layout<split<'g', "dp">, split<'e', "ep">>>);
     auto h = moe::expert_feed_forward(de, w_in, b_in, w_out, b_out);
     auto y = moe::to_token_layout<d_t::layout>(h);
     auto z = combine(y);
@@ -153,8 +154,8 @@ run_result run(const mesh2& m, const shape& d, const routing_data& r, const glob
       ad::backward(loss);
       out.step_bytes = m.stats()[collective::all_to_all].bytes_sent;
       out.value = as_double(to_global(z.value()));
-      out.grads = {as_double(to_global(x.grad())), as_double(to_global(route.grad())),
-                   as_double(to_global(w_in.grad())), as_double(to_global(b_in.grad())),
+      out.grads = {as_double(to_global(x.grad())),     as_double(to_global(route.grad())),
+                   as_double(to_global(w_in.grad())),  as_double(to_global(b_in.grad())),
                    as_double(to_global(w_out.grad())), as_double(to_global(b_out.grad()))};
     }
     out.loss = static_cast<double>(to_global(loss.value())[0]);
@@ -163,9 +164,8 @@ run_result run(const mesh2& m, const shape& d, const routing_data& r, const glob
   if constexpr (Index) {
     auto weight = t.parameter(from<weight_t>(m, ge, in[in_route]));
     auto dispatched = moe::dispatch_by_index(x, expert, slot, d.e, d.c);
-    return finish(dispatched, weight, [&](const auto& y) {
-      return moe::combine_by_index(y, weight, expert, slot);
-    });
+    return finish(dispatched, weight,
+                  [&](const auto& y) { return moe::combine_by_index(y, weight, expert, slot); });
   } else {
     auto dispatch = t.constant(from<gsec_t>(m, gsec, r.dispatch));
     auto combine = t.parameter(from<gsec_t>(m, gsec, in[in_route]));
@@ -188,7 +188,8 @@ globals inputs_for(const shape& d, const std::vector<double>& route) {
 
 std::vector<mesh2> meshes() {
   std::vector<mesh2> out;
-  for (const auto& s : mesh_shapes()) out.emplace_back(MPI_COMM_WORLD, std::array<int, 2>{s[0], s[1]});
+  for (const auto& s : mesh_shapes())
+    out.emplace_back(MPI_COMM_WORLD, std::array<int, 2>{s[0], s[1]});
   return out;
 }
 
@@ -242,7 +243,8 @@ void check_paths_agree(const shape& d) {
 // The naive pipeline over global arrays, for the values.
 std::vector<double> reference(const shape& d, const routing_data& r, const globals& in) {
   const auto gelu = [](double v) {
-    return 0.5 * v * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (v + 0.044715 * v * v * v)));
+    return 0.5 * v *
+           (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (v + 0.044715 * v * v * v)));
   };
   std::vector<double> z(d.g * d.s * d.m, 0);
   for (std::size_t i = 0; i < r.slot.size(); ++i) {
@@ -291,7 +293,9 @@ TEST_CASE("dispatch -> experts -> combine: values and central differences (doubl
         globals plus = in, minus = in;
         plus[i][e] += h;
         minus[i][e] -= h;
-        const double fd = (run<true>(m, d, r, plus, false).loss - run<true>(m, d, r, minus, false).loss) / (2 * h);
+        const double fd =
+            (run<true>(m, d, r, plus, false).loss - run<true>(m, d, r, minus, false).loss) /
+            (2 * h);
         worst = std::max(worst, std::abs(fd - base.grads[i][e]));
         scale = std::max(scale, std::abs(fd));
       }
@@ -304,7 +308,9 @@ TEST_CASE("dispatch -> experts -> combine: values and central differences (doubl
       globals plus = ein, minus = ein;
       plus[in_route][e] += h;
       minus[in_route][e] -= h;
-      const double fd = (run<false>(m, d, r, plus, false).loss - run<false>(m, d, r, minus, false).loss) / (2 * h);
+      const double fd =
+          (run<false>(m, d, r, plus, false).loss - run<false>(m, d, r, minus, false).loss) /
+          (2 * h);
       CHECK(std::abs(fd - eb.grads[in_route][e]) < 1e-7 * std::max(1.0, std::abs(fd)));
     }
   }

@@ -65,10 +65,10 @@ std::int64_t sum_over_world(std::int64_t v) {
 }
 
 // One forward and backward of the layer; loss = sum(y * R) + 0.1 aux + 0.01 z.
-template <int Stage, class Mesh>
+template <int Stage, class Tokens = tokens, class Mesh>
 layer_result run_layer(const Mesh& m, const setup& s, bool world) {
   using P = policy_of<Mesh, Stage>;
-  using x_t = tensor<float, Mesh, "btm", tokens>;
+  using x_t = tensor<float, Mesh, "btm", Tokens>;
   using r_t = tensor<float, Mesh, "btm">;
   zero_engine<P> engine(m, {.seed = 5});
   const std::size_t group = engine.begin_group("moe");
@@ -88,8 +88,8 @@ layer_result run_layer(const Mesh& m, const setup& s, bool world) {
     auto y = layer(x);
     static_assert(std::is_same_v<decltype(y), ad::variable<x_t>>);
     auto r = t.constant(r_t::from_global(m, xe, std::span<const float>(rv)));
-    auto loss = ad::sum(y * r) + ad::scale(layer.aux_loss(), 0.1F) +
-                ad::scale(layer.z_loss(), 0.01F);
+    auto loss =
+        ad::sum(y * r) + ad::scale(layer.aux_loss(), 0.1F) + ad::scale(layer.z_loss(), 0.01F);
     return std::pair{y, loss};
   }();
   out.all_to_all_forward = m.stats()[collective::all_to_all].bytes_sent;
@@ -110,8 +110,15 @@ layer_result run_layer(const Mesh& m, const setup& s, bool world) {
   }
   std::int64_t kept = 0;
   for (auto k : layer.stats().kept_per_expert) kept += k;
-  out.dropped = world ? sum_over_world(layer.stats().dropped) : layer.stats().dropped;
-  out.kept = world ? sum_over_world(kept) : kept;
+  // Each rank counts its groups; a replica over an axis that does not split the tokens
+  // counts once.
+  bool counts = true;
+  for (std::size_t a = 0; a < Mesh::axis_count; ++a) {
+    if (!x_t::layout.is_split(a) && m.coord(a) != 0) counts = false;
+  }
+  const std::int64_t dropped = counts ? layer.stats().dropped : 0;
+  out.dropped = world ? sum_over_world(dropped) : dropped;
+  out.kept = world ? sum_over_world(counts ? kept : 0) : kept;
   return out;
 }
 
@@ -144,18 +151,19 @@ void check_same(const layer_result& a, const layer_result& b, double tolerance) 
 
 std::vector<mesh2> meshes() {
   std::vector<mesh2> out;
-  for (const auto& sh : mesh_shapes()) out.emplace_back(MPI_COMM_WORLD, std::array<int, 2>{sh[0], sh[1]});
+  for (const auto& sh : mesh_shapes())
+    out.emplace_back(MPI_COMM_WORLD, std::array<int, 2>{sh[0], sh[1]});
   return out;
 }
 
-template <int Stage>
+template <int Stage, class Tokens = tokens>
 void check_against_one_rank(const setup& s) {
   const local2 one;
-  const layer_result want = run_layer<Stage>(one, s, false);
+  const layer_result want = run_layer<Stage, Tokens>(one, s, false);
   CHECK(want.dropped > 0);  // the capacity binds: the drop path is exercised
   for (const auto& m : meshes()) {
     CAPTURE(m.describe());
-    const layer_result got = run_layer<Stage>(m, s, true);
+    const layer_result got = run_layer<Stage, Tokens>(m, s, true);
     check_same(got, want, 1e-5);
     CHECK(got.all_to_all_forward == got.formula.forward());
     CHECK(got.all_to_all_step == got.formula.step());
@@ -197,6 +205,9 @@ TEST_CASE("moe_layer: N ranks equal one rank (ZeRO 0 and 3, both paths)") {
       s.biases = false;
       check_against_one_rank<0>(s);
       check_against_one_rank<3>(s);
+    }
+    SUBCASE("tokens replicated over the expert axis: a slice there, an all-gather back") {
+      check_against_one_rank<2, layout<split<'b', "dp">>>(s);
     }
   }
 }

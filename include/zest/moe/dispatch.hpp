@@ -133,7 +133,8 @@ constexpr layout_value expert_side(layout_value v, std::size_t axis) {
 constexpr bool expert_axis_movable(const layout_value& v, std::size_t axis) {
   if (v.split_count('e') != 0) return false;
   if (v.is_replicate(axis)) return true;
-  return v.splits(axis, 'g') && static_cast<std::size_t>(v.axes[axis].order) + 1 == v.split_count('g');
+  return v.splits(axis, 'g') &&
+         static_cast<std::size_t>(v.axes[axis].order) + 1 == v.split_count('g');
 }
 
 template <fixed_string Op, class X, fixed_string Dims>
@@ -173,8 +174,8 @@ struct routed_row {
 // The kept routes of the local shards. Indices are checked: an expert outside [0, E) or a
 // slot at or above C throws zest::shape_error (slot -1 means dropped).
 template <fixed_string Op, sharded_tensor I>
-std::vector<routed_row> local_routes(const I& expert_index, const I& slot_index, std::size_t experts,
-                                std::size_t capacity) {
+std::vector<routed_row> local_routes(const I& expert_index, const I& slot_index,
+                                     std::size_t experts, std::size_t capacity) {
   const auto& le = expert_index.local_extents();  // [G_l][S][K]
   const std::size_t groups = le[0], tokens = le[1], k = le[2];
   const auto ei = expert_index.local();
@@ -195,10 +196,10 @@ std::vector<routed_row> local_routes(const I& expert_index, const I& slot_index,
               ") choice ", j, " goes to expert ", e, ", slot ", c, ", outside ", experts,
               " experts of capacity ", capacity));
         }
-        out.push_back({g * tokens + s,
-                       (static_cast<std::size_t>(e) * groups + g) * capacity +
-                           static_cast<std::size_t>(c),
-                       at});
+        out.push_back(
+            {g * tokens + s,
+             (static_cast<std::size_t>(e) * groups + g) * capacity + static_cast<std::size_t>(c),
+             at});
       }
     }
   }
@@ -386,9 +387,9 @@ auto combine_by_index(const autodiff::variable<Y>& y, const autodiff::variable<W
     detail::check_same_extents<"combine_by_index">(expert_index, weight.value(), "expert_index",
                                                    "weight");
     if (expert_index.extents()[0] != yv.extents()[1]) {
-      throw shape_error(zest::detail::message("zest: combine_by_index: y \"egcm\" has g=",
-                                              yv.extents()[1], " but the routing \"gsk\" has g=",
-                                              expert_index.extents()[0]));
+      throw shape_error(
+          zest::detail::message("zest: combine_by_index: y \"egcm\" has g=", yv.extents()[1],
+                                " but the routing \"gsk\" has g=", expert_index.extents()[0]));
     }
     const auto& ei = autodiff::detail::at_layout<at>(expert_index);
     const auto& si = autodiff::detail::at_layout<at>(slot_index);
@@ -520,8 +521,8 @@ all_to_all_volume all_to_all_bytes(const typename D::mesh_type& mesh,
     }
     return out;
   };
-  const auto tok = local(D::layout);        // [E][g_tokens][C][m]
-  const auto exp = local(target::layout);   // [E_mine][g_experts][C][m]
+  const auto tok = local(D::layout);       // [E][g_tokens][C][m]
+  const auto exp = local(target::layout);  // [E_mine][g_experts][C][m]
   const std::size_t rest = tok[2] * tok[3] * sizeof(typename D::value_type);
   all_to_all_volume v;
   v.to_experts = (tok[0] - exp[0]) * tok[1] * rest;

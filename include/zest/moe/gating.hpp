@@ -245,7 +245,7 @@ struct routing_draw {
 template <class T>
 struct routing_tape {
   std::size_t groups = 0, local_groups = 0, tokens = 0, experts = 0, capacity = 0;
-  int k = 0;
+  std::size_t k = 0;
   std::vector<T> probs;                    // [n][E]
   std::vector<T> lse;                      // [n]
   std::vector<std::int32_t> expert;        // [n][k]
@@ -431,7 +431,7 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o) {
       if (!cn->grad && !wn->grad && !an->grad && !zn->grad) return;
       const routing_tape<T>& r = *tape;
       const std::size_t E = r.experts, C = r.capacity, S = r.tokens;
-      const std::size_t k = static_cast<std::size_t>(r.k);
+      const std::size_t k = r.k;
       const double G = static_cast<double>(r.groups);
       const T* dcombine = cn->grad ? std::as_const(*cn->grad).local().data() : nullptr;
       const T* dweight = wn->grad ? std::as_const(*wn->grad).local().data() : nullptr;

@@ -59,6 +59,8 @@ namespace zest::moe {
 namespace layer_error {
 template <std::size_t...>
 inline constexpr bool always_false = false;
+template <class...>
+inline constexpr bool never = false;
 // Instantiated with E and the expert axis size, shown above the message.
 template <std::size_t Experts, std::size_t ExpertAxisSize>
 struct experts_not_divisible {
@@ -69,13 +71,14 @@ struct experts_not_divisible {
 };
 template <class Mesh, fixed_string ExpertAxis>
 struct no_expert_axis {
-  static_assert(always_false<>,
-                "zest moe_layer: the mesh has no axis named like ExpertAxis (both shown above). "
-                "Fix: moe_layer<P, \"ep\"> with one of the mesh's axes, e.g. mesh<\"dp\", \"ep\">.");
+  static_assert(
+      never<Mesh>,
+      "zest moe_layer: the mesh has no axis named like ExpertAxis (both shown above). "
+      "Fix: moe_layer<P, \"ep\"> with one of the mesh's axes, e.g. mesh<\"dp\", \"ep\">.");
 };
 template <class Mesh, fixed_string ExpertAxis>
 struct expert_axis_is_data_axis {
-  static_assert(always_false<>,
+  static_assert(never<Mesh>,
                 "zest moe_layer: the expert axis is the ZeRO data axis (shown above); experts are "
                 "split over their own axis, and ZeRO partitions them over the data axis. Fix: a "
                 "mesh with a separate expert axis, e.g. mesh<\"dp\", \"ep\">.");
@@ -141,9 +144,9 @@ class moe_layer {
   using scalar_variable = autodiff::variable<scalar_tensor>;
 
   // Gate and expert weights ~ N(0, 0.02) (the experts' output ~ N(0, residual_std)), biases 0.
-  moe_layer(zero_engine<P>& engine, const std::string& name, std::size_t width,
-            std::size_t hidden, std::size_t experts, const gating_options& options = {},
-            bool index_path = true, bool expert_biases = true, double residual_std = 0.02)
+  moe_layer(zero_engine<P>& engine, const std::string& name, std::size_t width, std::size_t hidden,
+            std::size_t experts, const gating_options& options = {}, bool index_path = true,
+            bool expert_biases = true, double residual_std = 0.02)
       : experts_(checked_experts(engine.mesh(), name, experts)),
         options_(options),
         index_path_(index_path),
@@ -152,10 +155,12 @@ class moe_layer {
         w_out_(engine, name + ".experts.proj.weight", {experts, hidden, width},
                init::normal{residual_std}) {
     if (expert_biases) {
-      b_in_.emplace(engine, name + ".experts.fc.bias", typename in_bias_type::extents_type{experts, hidden},
-                    init::constant{0.0}, /*decay=*/false);
-      b_out_.emplace(engine, name + ".experts.proj.bias", typename out_bias_type::extents_type{experts, width},
-                     init::constant{0.0}, /*decay=*/false);
+      b_in_.emplace(engine, name + ".experts.fc.bias",
+                    typename in_bias_type::extents_type{experts, hidden}, init::constant{0.0},
+                    /*decay=*/false);
+      b_out_.emplace(engine, name + ".experts.proj.bias",
+                     typename out_bias_type::extents_type{experts, width}, init::constant{0.0},
+                     /*decay=*/false);
     }
   }
   moe_layer(const moe_layer&) = delete;
@@ -223,8 +228,8 @@ class moe_layer {
 
   const scalar_variable& last(const char* what, const std::optional<scalar_variable>& v) const {
     if (!v) {
-      throw std::logic_error(zest::detail::message("zest moe_layer: ", what,
-                                                   "() before the first forward"));
+      throw std::logic_error(
+          zest::detail::message("zest moe_layer: ", what, "() before the first forward"));
     }
     return *v;
   }
@@ -244,15 +249,15 @@ class moe_layer {
     auto dispatched = index_path_
                           ? dispatch_by_index(xg, r.expert_index, r.slot_index, experts_, capacity)
                           : detail::conform<dispatched_t>(autodiff::einsum<"gsec,gsm->egcm">(
-                                xg.owner().constant(r.dispatch), xg));
+                                xg.owner().constant(std::move(r.dispatch)), xg));
     auto h = to_expert_layout<ExpertAxis>(dispatched);
     auto f = b_in_ ? expert_feed_forward(h, w_in_.value(), b_in_->value(), w_out_.value(),
                                          b_out_->value())
                    : expert_feed_forward(h, w_in_.value(), w_out_.value());
     auto y = to_token_layout<dispatched_t::layout>(f);
-    auto z = index_path_ ? combine_by_index(y, r.weight, r.expert_index, r.slot_index)
-                         : detail::conform<tokens_t>(
-                               autodiff::einsum<"gsec,egcm->gsm">(r.combine, y));
+    auto z = index_path_
+                 ? combine_by_index(y, r.weight, r.expert_index, r.slot_index)
+                 : detail::conform<tokens_t>(autodiff::einsum<"gsec,egcm->gsm">(r.combine, y));
 
     aux_.emplace(detail::conform<scalar_tensor>(r.aux_loss));
     z_.emplace(detail::conform<scalar_tensor>(r.z_loss));

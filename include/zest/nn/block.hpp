@@ -1,17 +1,21 @@
-// zest/nn/block.hpp — a pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x)).
+// zest/nn/block.hpp — a pre-LN transformer block: x + attn(ln1(x)), then + ffn(ln2(x)).
 //
 // The block is one parameter group of the engine: under ZeRO-3 its parameters arrive in
-// one all-gather and leave in one reduce-scatter. FeedForward is the second sub-layer
-// (mlp by default; the MoE issue swaps in an expert layer).
+// one all-gather and leave in one reduce-scatter. The feed-forward sub-layer is an MLP, or,
+// with block_options::moe on a mesh that has an "ep" axis, a GShard mixture of experts
+// (zest/moe/moe_layer.hpp) whose experts are split over "ep".
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
 #include <string>
 
 #include "zest/autodiff/ops.hpp"
 #include "zest/nn/attention.hpp"
 #include "zest/nn/layer_norm.hpp"
+#include "zest/moe/moe_layer.hpp"
 #include "zest/nn/mlp.hpp"
 #include "zest/zero/engine.hpp"
 
@@ -23,7 +27,17 @@ struct block_options {
   std::size_t hidden = 512;
   double dropout = 0;
   double residual_std = 0.02;
+  // Mixture of experts instead of the MLP (needs a mesh axis named "ep").
+  bool moe = false;
+  std::size_t experts = 4;
+  moe::gating_options gating{};
 };
+
+namespace detail {
+template <class Mesh>
+inline constexpr bool has_expert_axis = axis_index_of<Mesh>("ep") < Mesh::axis_count;
+struct no_expert_layer {};
+}  // namespace detail
 
 template <training_policy_type P>
 class transformer_block {
@@ -34,8 +48,18 @@ class transformer_block {
         ln1_(engine, name + ".ln_1", o.width),
         attn_(engine, name + ".attn", o.width, o.heads, o.residual_std),
         ln2_(engine, name + ".ln_2", o.width),
-        mlp_(engine, name + ".mlp", o.width, o.hidden, o.residual_std),
         dropout_(o.dropout) {
+    if (o.moe) {
+      if constexpr (detail::has_expert_axis<mesh_t>) {
+        moe_.emplace(engine, name + ".moe", o.width, o.hidden, o.experts, o.gating, true, true,
+                     o.residual_std);
+      } else {
+        throw shape_error(detail::message("zest transformer_block '", name,
+                                          "': a mixture of experts needs a mesh axis named \"ep\""));
+      }
+    } else {
+      mlp_.emplace(engine, name + ".mlp", o.width, o.hidden, o.residual_std);
+    }
     engine.end_group();
   }
   transformer_block(const transformer_block&) = delete;
@@ -49,20 +73,44 @@ class transformer_block {
     auto a = attn_(ln1_(x));
     if (dropout_ > 0) a = autodiff::dropout(a, dropout_, splitmix64(seed));
     auto h = x + a;
-    auto f = mlp_(ln2_(h));
+    auto f = feed_forward(ln2_(h), seed);
     if (dropout_ > 0) f = autodiff::dropout(f, dropout_, splitmix64(seed + 1));
     return h + f;
   }
 
   std::size_t group() const { return group_; }
+  bool is_moe() const {
+    if constexpr (detail::has_expert_axis<mesh_t>) {
+      return moe_.has_value();
+    } else {
+      return false;
+    }
+  }
+  // The expert layer (is_moe() only): its aux loss and statistics of the last forward.
+  const auto& expert_layer() const requires detail::has_expert_axis<typename P::mesh_type> {
+    return *moe_;
+  }
 
  private:
+  using mesh_t = typename P::mesh_type;
+  using expert_layer_t = std::conditional_t<detail::has_expert_axis<mesh_t>, moe::moe_layer<P>,
+                                            detail::no_expert_layer>;
+
+  template <sharded_tensor X>
+  autodiff::variable<X> feed_forward(const autodiff::variable<X>& x, std::uint64_t seed) const {
+    if constexpr (detail::has_expert_axis<mesh_t>) {
+      if (moe_) return (*moe_)(x, splitmix64(seed + 2));
+    }
+    return (*mlp_)(x);
+  }
+
   zero_engine<P>* engine_;
   std::size_t group_;
   layer_norm_layer<P> ln1_;
   causal_self_attention<P> attn_;
   layer_norm_layer<P> ln2_;
-  mlp<P> mlp_;
+  std::optional<mlp<P>> mlp_;
+  std::optional<expert_layer_t> moe_;
   double dropout_;
 };
 

@@ -11,9 +11,11 @@
 // v vocabulary, n heads, d head dim, h hidden.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,15 @@ struct gpt_options {
   std::size_t heads = 4;
   std::size_t mlp_ratio = 4;
   double dropout = 0;
+  // GShard mixture of experts in every `moe_every`-th block (blocks moe_every-1, 2*moe_every-1,
+  // ...), experts split over the mesh axis "ep"; the loss adds aux_weight times the mean aux
+  // loss of those layers and z_loss_weight times their mean router z-loss.
+  bool moe = false;
+  std::size_t experts = 4;
+  std::size_t moe_every = 2;
+  moe::gating_options gating{};
+  double aux_weight = 0.01;
+  double z_loss_weight = 0;
 };
 
 template <training_policy_type P>
@@ -57,7 +68,10 @@ class gpt {
     b.hidden = o.mlp_ratio * o.width;
     b.dropout = o.dropout;
     b.residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(o.layers));
+    b.experts = o.experts;
+    b.gating = o.gating;
     for (std::size_t l = 0; l < o.layers; ++l) {
+      b.moe = o.moe && o.moe_every > 0 && l % o.moe_every == o.moe_every - 1;
       blocks_.push_back(std::make_unique<transformer_block<P>>(engine, "h" + std::to_string(l), b));
     }
     head_group_ = engine.begin_group("head");
@@ -94,11 +108,69 @@ class gpt {
     return (*lm_head_)((*ln_f_)(x));
   }
 
-  // Mean cross-entropy of predicting `targets` from `inputs`: a scalar, partial over the
-  // data axis (each rank's share of the mean).
+  // Mean cross-entropy of predicting `targets` from `inputs` (plus the weighted auxiliary
+  // losses of the expert layers): a scalar, partial over the axes that split the batch.
   template <sharded_tensor Ids, sharded_tensor Targets>
   auto loss(autodiff::tape& t, const Ids& inputs, const Targets& targets, std::uint64_t seed = 0) const {
-    return autodiff::cross_entropy<'v'>(logits(t, inputs, seed), targets);
+    auto nll = autodiff::cross_entropy<'v'>(logits(t, inputs, seed), targets);
+    if constexpr (detail::has_expert_axis<mesh_t>) {
+      if (options_.moe) {
+        last_nll_ = engine_->scalar_value(nll.value());
+        const double layers = static_cast<double>(moe_layer_count());
+        auto total = nll;
+        for (const auto& b : blocks_) {
+          if (!b->is_moe()) continue;
+          const auto& layer = b->expert_layer();
+          if (options_.aux_weight != 0) {
+            total = total + autodiff::scale(layer.aux_loss(), static_cast<float>(options_.aux_weight / layers));
+          }
+          if (options_.z_loss_weight != 0) {
+            total = total + autodiff::scale(layer.z_loss(), static_cast<float>(options_.z_loss_weight / layers));
+          }
+        }
+        return total;
+      }
+    }
+    return nll;
+  }
+
+  std::size_t moe_layer_count() const {
+    std::size_t n = 0;
+    for (const auto& b : blocks_) n += b->is_moe() ? 1 : 0;
+    return n;
+  }
+
+  // What the expert layers did in the last forward, summed over all ranks (collective).
+  struct moe_report {
+    double nll = 0;            // the cross-entropy alone
+    double aux_loss = 0;       // mean over the expert layers
+    double z_loss = 0;
+    double dropped_fraction = 0;              // of all assignments, over all layers
+    std::vector<std::int64_t> tokens_per_expert;  // top-1, summed over layers
+  };
+  moe_report last_moe_report() const {
+    moe_report r;
+    if constexpr (detail::has_expert_axis<mesh_t>) {
+      r.nll = last_nll_;
+      const double layers = static_cast<double>(std::max<std::size_t>(moe_layer_count(), 1));
+      std::vector<double> counts(options_.experts + 2, 0.0);
+      for (const auto& b : blocks_) {
+        if (!b->is_moe()) continue;
+        const auto& layer = b->expert_layer();
+        r.aux_loss += engine_->scalar_value(layer.aux_loss().value()) / layers;
+        r.z_loss += engine_->scalar_value(layer.z_loss().value()) / layers;
+        const auto& s = layer.stats();
+        for (std::size_t e = 0; e < options_.experts; ++e) counts[e] += static_cast<double>(s.tokens_per_expert[e]);
+        counts[options_.experts] += static_cast<double>(s.dropped);
+        counts[options_.experts + 1] += static_cast<double>(s.assignments);
+      }
+      // The batch is split over every axis (each token on one rank): a plain sum.
+      engine_->mesh().world().all_reduce(std::span<double>(counts), reduce_op::sum);
+      r.tokens_per_expert.resize(options_.experts);
+      for (std::size_t e = 0; e < options_.experts; ++e) r.tokens_per_expert[e] = std::llround(counts[e]);
+      r.dropped_fraction = counts[options_.experts + 1] > 0 ? counts[options_.experts] / counts[options_.experts + 1] : 0;
+    }
+    return r;
   }
 
   // The parameter list as the planner sees it (zest/zero/planner.hpp).
@@ -119,6 +191,7 @@ class gpt {
   std::size_t head_group_ = 0;
   std::optional<layer_norm_layer<P>> ln_f_;
   std::optional<linear<P, "btm,mv->btv", "mv">> lm_head_;
+  mutable double last_nll_ = 0;
 };
 
 }  // namespace zest
