@@ -44,7 +44,9 @@
 
 namespace {
 
-using mesh_t = zest::mesh<"dp">;
+// Data-parallel ranks "dp" times expert-parallel ranks "ep" (--ep, 1 unless --moe).
+using mesh_t = zest::mesh<"dp", "ep">;
+using token_layout = zest::layout<zest::split<'b', "dp", "ep">>;
 
 struct flags {
   int zero = 3;
@@ -67,6 +69,13 @@ struct flags {
   std::int64_t sample = 300;
   std::int64_t print_every = 10;
   bool quiet = false;
+  // Mixture of experts.
+  bool moe = false;
+  std::size_t experts = 4;
+  int top_k = 2;
+  double capacity_factor = 1.25;
+  double aux_weight = 0.01;
+  int ep = 0;  // 0: as many as the experts and ranks allow
 };
 
 constexpr std::string_view usage =
@@ -96,6 +105,13 @@ constexpr std::string_view usage =
     "  --load DIR        resume from a checkpoint (any number of ranks, any stage)\n"
     "  --sample N        characters of generated text at the end (300; 0 for none)\n"
     "  --print-every N   progress lines when not on a terminal (10)\n"
+    "  --moe             every other block's MLP becomes a GShard mixture of experts\n"
+    "  --experts N       experts per MoE layer (4)\n"
+    "  --top-k K         2 (GShard) or 1 (Switch) (2)\n"
+    "  --capacity-factor F  expert capacity factor (1.25)\n"
+    "  --aux-weight W    weight of the load-balancing loss (0.01)\n"
+    "  --ep N            ranks of the expert axis; the data axis takes the rest\n"
+    "                    (default: the largest divisor of both the ranks and the experts)\n"
     "  --quiet           no progress output\n"
     "  --help            this text\n";
 
@@ -118,6 +134,10 @@ std::optional<flags> parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") return std::nullopt;
     if (a == "--quiet") {
       f.quiet = true;
+      continue;
+    }
+    if (a == "--moe") {
+      f.moe = true;
       continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument("train_gpt: " + std::string(a) + " needs a value");
@@ -144,6 +164,11 @@ std::optional<flags> parse(int argc, char** argv) {
     else if (a == "--load") f.load = v;
     else if (a == "--sample") f.sample = parse_number<std::int64_t>(a, v);
     else if (a == "--print-every") f.print_every = parse_number<std::int64_t>(a, v);
+    else if (a == "--experts") f.experts = parse_number<std::size_t>(a, v);
+    else if (a == "--top-k") f.top_k = parse_number<int>(a, v);
+    else if (a == "--capacity-factor") f.capacity_factor = parse_number<double>(a, v);
+    else if (a == "--aux-weight") f.aux_weight = parse_number<double>(a, v);
+    else if (a == "--ep") f.ep = parse_number<int>(a, v);
     else throw std::invalid_argument("train_gpt: unknown option " + std::string(a) + " (see --help)");
   }
   if (f.zero < 0 || f.zero > 3) throw std::invalid_argument("train_gpt: --zero takes 0, 1, 2 or 3");
@@ -156,6 +181,8 @@ std::optional<flags> parse(int argc, char** argv) {
         ": this build trains on the CPU; the CUDA backend's tensors and NCCL communicator are "
         "exercised by the gpu tests (scripts/gpu-check)");
   }
+  if (f.top_k != 1 && f.top_k != 2) throw std::invalid_argument("train_gpt: --top-k takes 1 or 2");
+  if (f.ep < 0) throw std::invalid_argument("train_gpt: --ep takes a positive number");
   if (f.steps < 0 || f.batch == 0 || f.context == 0 || f.width == 0 || f.layers == 0) {
     throw std::invalid_argument("train_gpt: --steps, --batch, --context, --width and --layers must be positive");
   }
@@ -171,6 +198,10 @@ zest::json::value config_json(const flags& f, std::size_t vocab) {
   c.emplace_back("heads", static_cast<std::int64_t>(f.heads));
   c.emplace_back("batch", static_cast<std::int64_t>(f.batch));
   c.emplace_back("seed", static_cast<std::int64_t>(f.seed));
+  if (f.moe) {
+    c.emplace_back("experts", static_cast<std::int64_t>(f.experts));
+    c.emplace_back("top_k", static_cast<std::int64_t>(f.top_k));
+  }
   return c;
 }
 
@@ -193,6 +224,11 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
   go.layers = f.layers;
   go.heads = f.heads;
   go.dropout = f.dropout;
+  go.moe = f.moe;
+  go.experts = f.experts;
+  go.gating.top_k = f.top_k;
+  go.gating.capacity_factor = f.capacity_factor;
+  go.aux_weight = f.aux_weight;
   const std::int64_t before_model = zest::memory::live_bytes();
   zest::gpt<P> model(engine, go);
   const std::int64_t model_state_bytes = zest::memory::live_bytes() - before_model;
@@ -222,10 +258,19 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
               << " parameters, " << f.layers << " layers, width " << f.width << ", vocab "
               << data.vocab_size() << " (padded " << go.vocab << "), ZeRO-" << f.zero << ", "
               << f.precision << ", " << mesh.describe() << ", batch " << f.batch << " x "
-              << f.context << " tokens\n"
-              << "model states per rank: " << zest::report::format_bytes(static_cast<double>(model_state_bytes))
-              << " (planner: " << zest::report::format_bytes(static_cast<double>(plan.memory.total()))
-              << "); unigram entropy of the text " << entropy << " nats\n";
+              << f.context << " tokens"
+              << (f.moe ? ", MoE " + std::to_string(f.experts) + " experts top-" + std::to_string(f.top_k) +
+                              " in " + std::to_string(model.moe_layer_count()) + " layers"
+                        : std::string())
+              << '\n';
+    std::cout << "model states per rank: "
+              << zest::report::format_bytes(static_cast<double>(model_state_bytes));
+    // The planner's model has every parameter replicated off the data axis (no experts).
+    if (!f.moe) {
+      std::cout << " (planner: "
+                << zest::report::format_bytes(static_cast<double>(plan.memory.total())) << ")";
+    }
+    std::cout << "; unigram entropy of the text " << entropy << " nats\n";
   }
 
   zest::report::training_log log;
@@ -246,7 +291,8 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
   double seconds = 0;
   std::int64_t trained = 0;
   for (; step < f.steps; ++step) {
-    const auto [inputs, targets] = sampler.template batch<"dp">(mesh, static_cast<std::size_t>(step));
+    const auto [inputs, targets] =
+        sampler.template batch<token_layout>(mesh, static_cast<std::size_t>(step));
     const auto r = zest::train_step(engine, model, inputs, targets, schedule(step),
                                     zest::splitmix64(f.seed ^ static_cast<std::uint64_t>(step)));
     last_loss = r.loss;
@@ -264,6 +310,16 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
     rec.emplace_back("scalar_bytes_sent", static_cast<std::int64_t>(r.scalar_traffic.bytes_sent()));
     rec.emplace_back("peak_bytes", r.peak_bytes);
     if (P::loss_scaling) rec.emplace_back("loss_scale", static_cast<double>(r.report.loss_scale));
+    typename zest::gpt<P>::moe_report moe;
+    if (f.moe) {
+      moe = model.last_moe_report();
+      rec.emplace_back("nll", moe.nll);
+      rec.emplace_back("aux_loss", moe.aux_loss);
+      rec.emplace_back("dropped_fraction", moe.dropped_fraction);
+      zest::json::array per_expert;
+      for (auto c : moe.tokens_per_expert) per_expert.emplace_back(c);
+      rec.emplace_back("tokens_per_expert", std::move(per_expert));
+    }
     log.add_step(zest::json::value(std::move(rec)));
     if (root && !f.quiet &&
         (progress.on_terminal() || (step + 1) % f.print_every == 0 || step + 1 == f.steps || step == 0)) {
@@ -273,6 +329,11 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
            << " tok/s  states " << zest::report::format_bytes(static_cast<double>(model_state_bytes))
            << "  peak " << zest::report::format_bytes(static_cast<double>(r.peak_bytes)) << "  sent "
            << zest::report::format_bytes(static_cast<double>(r.traffic.bytes_sent())) << "/step";
+      if (f.moe) {
+        const auto [lo, hi] = std::minmax_element(moe.tokens_per_expert.begin(), moe.tokens_per_expert.end());
+        line << "  aux " << moe.aux_loss << "  dropped " << 100 * moe.dropped_fraction
+             << "%  experts max/min " << *hi << "/" << *lo << " tok";
+      }
       if (!r.report.applied) line << "  (skipped: inf/nan, scale " << r.report.loss_scale << ")";
       progress.update(step + 1, line.str());
     }
@@ -290,11 +351,11 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
     const std::string prompt = "Permission is ";
     std::vector<std::int32_t> ids = data.encode(prompt);
     std::mt19937_64 rng(f.seed);
-    const std::size_t rows = static_cast<std::size_t>(mesh.size(0));  // one row per rank
+    const std::size_t rows = static_cast<std::size_t>(mesh.world_size());  // one row per rank
     for (std::int64_t k = 0; k < f.sample; ++k) {
       const std::size_t len = std::min(ids.size(), f.context);
       const std::span<const std::int32_t> window(ids.data() + ids.size() - len, len);
-      using ids_t = zest::tensor<std::int32_t, mesh_t, "bt", zest::layout<zest::split<'b', "dp">>>;
+      using ids_t = zest::tensor<std::int32_t, mesh_t, "bt", token_layout>;
       const auto in = ids_t::generate(mesh, {rows, len}, [&](const auto& i) { return window[i[1]]; });
       zest::autodiff::tape t;
       const auto logits = model.logits(t, in);
@@ -327,16 +388,27 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
     if (!f.log.empty()) log.write(f.log);
     if (!f.plot.empty()) {
       zest::report::series loss{"loss", {}, {}};
+      zest::report::series aux{"aux loss (right axis)", {}, {}};
+      aux.secondary_axis = true;
       const auto j = log.to_json();
       for (const auto& s : j["steps"].as_array()) {
         loss.x.push_back(s["step"].as_number());
         loss.y.push_back(s["loss"].as_number());
+        if (const auto* a = s.find("aux_loss")) {
+          aux.x.push_back(s["step"].as_number());
+          aux.y.push_back(a->as_number());
+        }
       }
       zest::report::plot_options po;
       po.title = "train_gpt: ZeRO-" + std::to_string(f.zero) + ", " + mesh.describe();
       po.y_label = "loss (nats)";
       po.reference_lines.push_back({"unigram entropy", entropy});
-      zest::write_text_file_atomically(f.plot, zest::report::svg_line_plot({loss}, po));
+      std::vector<zest::report::series> curves{loss};
+      if (!aux.x.empty()) {
+        curves.push_back(aux);
+        po.y2_label = "aux loss";
+      }
+      zest::write_text_file_atomically(f.plot, zest::report::svg_line_plot(curves, po));
     }
   }
   return 0;
@@ -363,7 +435,20 @@ int main(int argc, char** argv) {
     }
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    const mesh_t mesh(MPI_COMM_WORLD, {world});
+    int ep = f->ep;
+    if (ep == 0) {
+      ep = 1;
+      if (f->moe) {
+        for (int d = 1; d <= world; ++d) {
+          if (world % d == 0 && f->experts % static_cast<std::size_t>(d) == 0) ep = d;
+        }
+      }
+    }
+    if (world % ep != 0) {
+      throw std::invalid_argument("train_gpt: --ep " + std::to_string(ep) + " does not divide the " +
+                                  std::to_string(world) + " ranks");
+    }
+    const mesh_t mesh(MPI_COMM_WORLD, {world / ep, ep});
     const auto data = f->corpus.empty() ? zest::text_dataset::from_path()
                                         : zest::text_dataset::from_path(f->corpus);
     if (f->precision == "bf16") return train_with_precision<zest::bfloat16>(*f, mesh, data);

@@ -28,7 +28,7 @@
 // is the inverse all-to-all, and backward runs both again in the other direction.
 //
 //   all-to-all bytes per rank and layer (n ranks on the expert axis, even splits, B the
-//   local "egcm" block in the token layout, E·(G/(dp·n))·C·M elements):
+//   bytes of the local "egcm" block in the token layout, E·(G/(dp·n))·C·M elements):
 //     forward  2 · (n-1)/n · B,  backward the same          (all_to_all_bytes() exactly)
 //
 // The capacity makes every shape static: a rank whose experts receive no token still sends
