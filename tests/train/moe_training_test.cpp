@@ -40,13 +40,7 @@ gpt_options moe_gpt() {
 template <class P, class Model>
 std::vector<double> train_moe(zero_engine<P>& engine, const Model& model, std::int64_t first,
                               std::int64_t steps) {
-  auto s = sampler();
-  std::vector<double> losses;
-  for (std::int64_t k = first; k < first + steps; ++k) {
-    const auto [in, tg] = s.template batch<token_layout>(engine.mesh(), static_cast<std::size_t>(k));
-    losses.push_back(train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k)).loss);
-  }
-  return losses;
+  return train_steps<token_layout>(engine, model, first, steps);
 }
 
 std::vector<ep_mesh> ep_meshes() {

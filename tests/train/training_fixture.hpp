@@ -56,14 +56,15 @@ std::map<std::string, std::vector<float>> parameter_values(zero_engine<P>& engin
   return out;
 }
 
-// Trains `steps` steps from `first`, returning the losses.
-template <class P, class Model>
+// Trains `steps` steps from `first`, returning the losses; the batch is laid out as
+// TokenLayout (split over "dp" by default).
+template <class TokenLayout = layout<split<'b', "dp">>, class P, class Model>
 std::vector<double> train_steps(zero_engine<P>& engine, const Model& model, std::int64_t first,
                                 std::int64_t steps) {
   auto s = sampler();
   std::vector<double> losses;
   for (std::int64_t k = first; k < first + steps; ++k) {
-    const auto [in, tg] = s.template batch<"dp">(engine.mesh(), static_cast<std::size_t>(k));
+    const auto [in, tg] = s.template batch<TokenLayout>(engine.mesh(), static_cast<std::size_t>(k));
     losses.push_back(train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k)).loss);
   }
   return losses;

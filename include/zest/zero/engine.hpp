@@ -372,17 +372,7 @@ class zero_engine {
       }
       memory::release(tmp_);
     } else {
-      std::size_t first = 0;
-      while (first < gr.params.size()) {
-        std::size_t last = first, elements = 0;
-        while (last < gr.params.size() &&
-               (last == first || elements + gr.params[last]->size() <= options_.bucket_elements)) {
-          elements += gr.params[last]->size();
-          ++last;
-        }
-        start_reduction(g, first, last);
-        first = last;
-      }
+      for (const auto& [first, last] : buckets_of(gr)) start_reduction(g, first, last);
     }
     for (slot* p : gr.params) {
       p->drop_gradient();
@@ -448,6 +438,24 @@ class zero_engine {
   void note_live() { peak_live_ = std::max(peak_live_, live_groups()); }
 
   // ----- gradient collectives ------------------------------------------------------------
+  // The group's parameters in runs [first, last) of at most bucket_elements elements (a
+  // parameter larger than that is a bucket of its own): one collective each.
+  std::vector<std::pair<std::size_t, std::size_t>> buckets_of(const group& gr) const {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    std::size_t first = 0;
+    while (first < gr.params.size()) {
+      std::size_t last = first, elements = 0;
+      while (last < gr.params.size() &&
+             (last == first || elements + gr.params[last]->size() <= options_.bucket_elements)) {
+        elements += gr.params[last]->size();
+        ++last;
+      }
+      out.emplace_back(first, last);
+      first = last;
+    }
+    return out;
+  }
+
   void start_reduction(std::size_t g, std::size_t first, std::size_t last) {
     if (pending_.size() >= 2) complete_oldest();
     group& gr = groups_[g];
@@ -509,14 +517,7 @@ class zero_engine {
     group& gr = groups_[g];
     const std::size_t n = gr.params.empty() ? 1 : gr.params.front()->split().parts;
     const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
-    std::size_t first = 0;
-    while (first < gr.params.size()) {
-      std::size_t last = first, elements = 0;
-      while (last < gr.params.size() &&
-             (last == first || elements + gr.params[last]->size() <= options_.bucket_elements)) {
-        elements += gr.params[last]->size();
-        ++last;
-      }
+    for (const auto& [first, last] : buckets_of(gr)) {
       std::vector<std::size_t> counts(n, 0);
       host_vector<grad_type> send;
       for (std::size_t r = 0; r < n; ++r) {
@@ -539,7 +540,6 @@ class zero_engine {
         std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(at), kept.size(), kept.begin());
         at += kept.size();
       }
-      first = last;
     }
   }
 

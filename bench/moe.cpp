@@ -1,0 +1,674 @@
+// moe — GShard's Mixture-of-Experts layer on the ranks of one run: the index path's
+// dispatch and combine against GShard's one-hot einsums, the layer against a dense FFN of
+// the same active FLOPs per token, the share of the all-to-alls, and the expert states per
+// rank as experts grow with ranks.
+//
+//   mpiexec -n 2 ./bench_moe [--quick]
+//
+// The mesh is mesh<"dp", "ep"> {1, ranks} (the experts split over "ep"), fp32, ZeRO stage 0
+// (one data-parallel replica: the stage changes nothing), one BLAS thread. Times are the
+// slowest rank's (or the rank mean where said), medians over repetitions after warmup, the
+// two sides of each ratio interleaved so that load from other processes falls on both.
+// Prints a table and, on rank 0:
+//
+//   moe_index_dispatch_speedup_vs_einsum  dispatch + combine, forward + backward, of
+//       GShard's one-hot einsums "gsec,gsm->egcm" and "gsec,egcm->gsm" / the index path's
+//       dispatch_by_index and combine_by_index, same routing (top-2 gating, capacity factor
+//       1.25) and data: S = 1024 tokens per group, E = 8, M = 256, C = 320, 2 groups per
+//       rank. Both paths differentiate x and the gates (the combine tensor, or the weights
+//       "gsk"); the output gradient is seeded, so no loss op is timed.     target >= 5
+//   moe_layer_ratio_vs_dense_ffn  forward + backward (engine.backward, with its gradient
+//       collectives) of moe_layer (top-2, E = 8, expert hidden 512, index path, experts
+//       split over "ep") / zest::mlp of hidden 2 * 512 = 1024, the same active FLOPs per
+//       token, on the same tokens "btm" split<'b', "dp", "ep"> (2048 per rank as 2 sequences
+//       of 1024; a sequence is a group), M = 256; loss = sum(y * r) (+ 0.01 aux for the MoE).
+//       The experts compute capacity_factor = 1.25 times the active FLOPs (C slots of every
+//       expert are multiplied, full or not), so compute alone puts the ratio near 1.25.
+//                                                                            target <= 1.5
+//   moe_alltoall_share  the fraction of a forward + backward of the MoE layer spent in its
+//       four all-to-alls (to the experts and back, forward and backward): the layer's
+//       forward rebuilt here from zest/moe/dispatch.hpp's pieces with the layer's own
+//       parameters, each piece timed (forward, and backward through marks on the tape
+//       around it), rank mean. An all-to-all's time includes packing its blocks and waiting
+//       for the other ranks. The seconds inside MPI_Alltoall(v) (profiling interface) are
+//       printed beside it.                                                  for the record
+//   moe_expert_bytes_per_rank_ratio  bytes of the expert parameters' states per rank
+//       (stored copy, gradient buffer, Adam's m and v: what zest's allocation count sees
+//       around constructing them) with E = 4 on 2 ranks / with E = 8 on 4 ranks (mesh
+//       {1, 2} and {1, 4}: the experts grow with the ranks).                 target 1.0
+//
+// Only the world size's case can be allocated in one run: with R ranks, E = 2 R is
+// constructed and measured (live bytes around the four expert parameters of the layer's
+// types), the other case (E = 8 on 4 ranks when R = 2; E = 4 on 2 ranks when R = 4) is
+// computed from the same parameter types' layouts on a zest::mesh_shape of that size, each
+// rank's block from dim_range as the ZeRO planner counts it. The layout count of the
+// measured case is printed next to the measurement, which it must equal. With
+// ZEST_BENCH_NPROCS=4, bench/run measures the 4-rank side instead.
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "zest/comm/mpi_environment.hpp"
+#include "zest/core/memory.hpp"
+#include "zest/core/random.hpp"
+#include "zest/layout/shard.hpp"
+#include "zest/mesh/mesh.hpp"
+#include "zest/mesh/mesh_shape.hpp"
+#include "zest/moe/moe_layer.hpp"
+#include "zest/nn/mlp.hpp"
+
+#if ZEST_HAS_BLAS
+#include <cblas.h>
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Seconds inside the all-to-alls (the profiling interface): the blocking calls zest's
+// communicator makes for all_to_all, forwarded to their PMPI_ names.
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double alltoall_mpi_seconds = 0;
+std::uint64_t alltoall_mpi_calls = 0;
+
+template <class F>
+int timed_alltoall(F call) {
+  const auto t0 = clock_type::now();
+  const int rc = call();
+  alltoall_mpi_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+  ++alltoall_mpi_calls;
+  return rc;
+}
+}  // namespace
+
+extern "C" {
+int MPI_Alltoall(const void* send, int send_count, MPI_Datatype send_type, void* recv,
+                 int recv_count, MPI_Datatype recv_type, MPI_Comm comm) {
+  return timed_alltoall([&] {
+    return PMPI_Alltoall(send, send_count, send_type, recv, recv_count, recv_type, comm);
+  });
+}
+int MPI_Alltoallv(const void* send, const int send_counts[], const int send_displs[],
+                  MPI_Datatype send_type, void* recv, const int recv_counts[],
+                  const int recv_displs[], MPI_Datatype recv_type, MPI_Comm comm) {
+  return timed_alltoall([&] {
+    return PMPI_Alltoallv(send, send_counts, send_displs, send_type, recv, recv_counts,
+                          recv_displs, recv_type, comm);
+  });
+}
+}  // extern "C"
+
+namespace {
+
+namespace ad = zest::autodiff;
+namespace moe = zest::moe;
+
+using mesh_t = zest::mesh<"dp", "ep">;
+using policy = zest::training_policy<mesh_t, zest::zero_stage<0>, float>;
+using layer_t = moe::moe_layer<policy>;
+using seq_tokens = zest::layout<zest::split<'b', "dp", "ep">>;  // a sequence is a group
+using group_tokens = zest::layout<zest::split<'g', "dp", "ep">>;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+double max_over_ranks(double x) {
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return x;
+}
+double mean_over_ranks(double x) {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return x / n;
+}
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// A value in [-1, 1) of (seed, global flat index): the same on every rank count.
+double uniform(std::uint64_t seed, std::uint64_t i) {
+  return static_cast<double>(zest::splitmix64(zest::splitmix64(seed) ^ i) >> 11) * 0x1p-52 - 1;
+}
+template <class X>
+X random_tensor(const mesh_t& m, const typename X::extents_type& e, std::uint64_t seed,
+                double scale = 1) {
+  return X::generate(m, e, [&](const typename X::extents_type& i) {
+    std::uint64_t flat = 0;
+    for (std::size_t k = 0; k < i.size(); ++k) flat = flat * e[k] + i[k];
+    return scale * uniform(seed, flat);
+  });
+}
+
+// Largest |a - b| over the largest |b|, over the whole tensors (collective).
+template <class A, class B>
+double relative_difference(const A& a, const B& b) {
+  const auto ga = zest::to_global(a), gb = zest::to_global(b);
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < gb.size(); ++i) {
+    worst = std::max(worst, std::abs(double(ga[i]) - double(gb[i])));
+    scale = std::max(scale, std::abs(double(gb[i])));
+  }
+  return scale > 0 ? worst / scale : worst;
+}
+
+struct settings {
+  // dispatch + combine
+  std::size_t d_groups_per_rank = 2, d_tokens = 1024, d_experts = 8, d_width = 256;
+  int d_warmup = 1, d_reps = 7;
+  // the layer
+  std::size_t seqs_per_rank = 2, seq_len = 1024, width = 256, expert_hidden = 512;
+  std::size_t experts = 8;
+  int l_warmup = 2, l_reps = 9;  // pairs (MoE, dense), order alternating
+  int p_reps = 7;                // pipeline breakdown
+};
+
+// ---------------------------------------------------------------------------------------
+// Dispatch + combine: the einsum path against the index path.
+
+struct path_times {
+  std::vector<double> forward, backward, total;  // slowest rank's, per repetition
+  void add(double f, double b) {
+    forward.push_back(max_over_ranks(f));
+    backward.push_back(max_over_ranks(b));
+    total.push_back(max_over_ranks(f + b));
+  }
+};
+
+struct dispatch_figures {
+  path_times einsum, index;
+  std::size_t capacity = 0;
+  double kept_fraction = 0;
+  double value_difference = 0, dx_difference = 0;
+};
+
+dispatch_figures bench_dispatch(const mesh_t& m, const settings& s) {
+  using logits_t = zest::tensor<float, mesh_t, "gse", group_tokens>;
+  using x_t = zest::tensor<float, mesh_t, "gsm", group_tokens>;
+  const std::size_t ranks = static_cast<std::size_t>(m.world_size());
+  const std::size_t G = s.d_groups_per_rank * ranks, S = s.d_tokens, E = s.d_experts,
+                    M = s.d_width;
+
+  // The routing: GShard top-2 of random logits, decided once.
+  ad::tape route_tape;
+  auto logits = route_tape.constant(random_tensor<logits_t>(m, {G, S, E}, 1, 2.0));
+  auto r = moe::top2_gating(logits, {.top_k = 2, .capacity_factor = 1.25, .seed = 7});
+  const std::size_t C = r.capacity;
+  const auto dispatch = r.dispatch;
+  const auto combine = r.combine.value();
+  const auto weight = r.weight.value();
+  const auto& ei = r.expert_index;
+  const auto& si = r.slot_index;
+  const x_t x0 = random_tensor<x_t>(m, {G, S, M}, 2);
+  const x_t dz0 = random_tensor<x_t>(m, {G, S, M}, 3);
+
+  dispatch_figures f;
+  f.capacity = C;
+  {
+    double kept = 0;
+    for (auto k : r.stats.kept_per_expert) kept += static_cast<double>(k);
+    f.kept_fraction = mean_over_ranks(kept / static_cast<double>(r.stats.assignments));
+  }
+
+  // One forward and backward of a path; returns (forward s, backward s) and keeps the last
+  // output and input gradient for the comparison.
+  std::optional<x_t> z_index, z_einsum, dx_index, dx_einsum;
+  auto seed = [&](const auto& z) {
+    using z_t = typename std::remove_cvref_t<decltype(z)>::tensor_type;
+    static_assert(std::is_same_v<ad::dual_tensor<z_t>, x_t>);
+    z.node()->grad.emplace(dz0);
+  };
+  auto run_index = [&] {
+    ad::tape t;
+    auto x = t.parameter(x_t(x0));
+    auto w = t.parameter(std::remove_cvref_t<decltype(weight)>(weight));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = clock_type::now();
+    auto d = moe::dispatch_by_index(x, ei, si, E, C);
+    auto z = moe::combine_by_index(d, w, ei, si);
+    const double forward = seconds_since(t0);
+    seed(z);
+    const auto t1 = clock_type::now();
+    t.run_backward();
+    const double backward = seconds_since(t1);
+    z_index.emplace(z.value());
+    dx_index.emplace(x.grad());
+    return std::pair{forward, backward};
+  };
+  auto run_einsum = [&] {
+    ad::tape t;
+    auto x = t.parameter(x_t(x0));
+    auto disp = t.constant(std::remove_cvref_t<decltype(dispatch)>(dispatch));
+    auto comb = t.parameter(std::remove_cvref_t<decltype(combine)>(combine));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = clock_type::now();
+    auto d = ad::einsum<"gsec,gsm->egcm">(disp, x);
+    auto z = ad::einsum<"gsec,egcm->gsm">(comb, d);
+    const double forward = seconds_since(t0);
+    seed(z);
+    const auto t1 = clock_type::now();
+    t.run_backward();
+    const double backward = seconds_since(t1);
+    z_einsum.emplace(z.value());
+    dx_einsum.emplace(x.grad());
+    return std::pair{forward, backward};
+  };
+
+  for (int i = 0; i < s.d_warmup; ++i) {
+    run_index();
+    run_einsum();
+  }
+  for (int i = 0; i < s.d_reps; ++i) {
+    for (int side = 0; side < 2; ++side) {
+      if ((side == 0) == (i % 2 == 0)) {
+        const auto [fw, bw] = run_index();
+        f.index.add(fw, bw);
+      } else {
+        const auto [fw, bw] = run_einsum();
+        f.einsum.add(fw, bw);
+      }
+    }
+  }
+  f.value_difference = relative_difference(*z_index, *z_einsum);
+  f.dx_difference = relative_difference(*dx_index, *dx_einsum);
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------
+// The layer against a dense FFN of the same active FLOPs per token.
+
+using x_btm = zest::tensor<float, mesh_t, "btm", seq_tokens>;
+using r_btm = zest::tensor<float, mesh_t, "btm">;
+
+struct layer_figures {
+  std::vector<double> moe, dense, pair_ratio;  // seconds (slowest rank), per repetition
+  double kept_fraction = 0;
+  std::size_t capacity = 0;
+  std::uint64_t all_to_all_bytes = 0;  // sent per rank per step (the layer's formula)
+};
+
+// One forward + backward of `f` on x, with the engine's group in scope: slowest rank's s.
+template <class Engine, class F>
+double timed_step(Engine& engine, std::size_t group, const x_btm& x0, const r_btm& r0, F&& f) {
+  ad::tape t;
+  auto x = t.parameter(x_btm(x0));
+  auto r = t.constant(r_btm(r0));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = clock_type::now();
+  auto loss = [&] {
+    auto in_scope = engine.use(t, group);
+    return f(x, r);
+  }();
+  engine.backward(loss);
+  return max_over_ranks(seconds_since(t0));
+}
+
+// ---------------------------------------------------------------------------------------
+// The layer's forward rebuilt from dispatch.hpp's pieces, each timed.
+
+enum piece : std::size_t { routing, dispatch, to_experts, experts, to_tokens, combine, pieces };
+constexpr std::array<const char*, pieces> piece_names{
+    "routing (gate einsum, top-2)", "dispatch_by_index", "all-to-all to experts",
+    "experts (2 einsums, GELU)",    "all-to-all back",   "combine_by_index"};
+
+struct piece_clock {
+  std::array<double, pieces> forward{}, backward{};
+  std::array<clock_type::time_point, pieces> started{};
+};
+
+// f()'s forward time, and its backward's: a mark recorded before f's steps runs after their
+// backward, one recorded after them runs before.
+template <class F>
+auto timed_piece(ad::tape& t, piece_clock& c, piece p, F&& f) {
+  t.record([&c, p] { c.backward[p] += seconds_since(c.started[p]); });
+  const auto t0 = clock_type::now();
+  auto out = f();
+  c.forward[p] += seconds_since(t0);
+  t.record([&c, p] { c.started[p] = clock_type::now(); });
+  return out;
+}
+
+struct pipeline_figures {
+  std::array<std::vector<double>, pieces> forward, backward;  // rank mean, per repetition
+  std::vector<double> total, share, mpi;                      // rank mean, per repetition
+};
+
+template <class Engine>
+pipeline_figures bench_pipeline(Engine& engine, std::size_t group, const layer_t& layer,
+                                const x_btm& x0, const r_btm& r0, const settings& s, int warmup) {
+  pipeline_figures out;
+  const std::size_t E = layer.experts();
+  for (int rep = 0; rep < warmup + s.p_reps; ++rep) {
+    piece_clock c;
+    const double mpi0 = alltoall_mpi_seconds;
+    ad::tape t;
+    auto x = t.parameter(x_btm(x0));
+    auto rr = t.constant(r_btm(r0));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = clock_type::now();
+    auto loss = [&] {
+      auto in_scope = engine.use(t, group);
+      moe::gating_options o = layer.options();
+      o.seed = static_cast<std::uint64_t>(rep);
+      // As moe_layer::forward (zest/moe/moe_layer.hpp), on the index path.
+      auto xg = ad::relabel<"gsm">(x);
+      using tokens_t = typename decltype(xg)::tensor_type;
+      using dispatched_t = zest::basic_tensor<float, mesh_t, "egcm", tokens_t::layout>;
+      auto r = timed_piece(t, c, routing, [&] {
+        return moe::gating(ad::einsum<"gsm,me->gse">(xg, layer.gate().value()), o);
+      });
+      auto d = timed_piece(t, c, dispatch, [&] {
+        return moe::dispatch_by_index(xg, r.expert_index, r.slot_index, E, r.capacity);
+      });
+      auto h = timed_piece(t, c, to_experts, [&] { return moe::to_expert_layout<"ep">(d); });
+      auto y = timed_piece(t, c, experts, [&] {
+        return moe::expert_feed_forward(h, layer.in_weight().value(), layer.in_bias().value(),
+                                        layer.out_weight().value(), layer.out_bias().value());
+      });
+      auto back =
+          timed_piece(t, c, to_tokens, [&] { return moe::to_token_layout<dispatched_t::layout>(y); });
+      auto z = timed_piece(t, c, combine, [&] {
+        return moe::combine_by_index(back, r.weight, r.expert_index, r.slot_index);
+      });
+      auto out = ad::relabel<"btm">(z);
+      return ad::sum(out * rr) + ad::scale(r.aux_loss, 0.01F);
+    }();
+    engine.backward(loss);
+    const double total = seconds_since(t0);
+    const double mpi = alltoall_mpi_seconds - mpi0;
+    if (rep < warmup) continue;
+    for (std::size_t p = 0; p < pieces; ++p) {
+      out.forward[p].push_back(mean_over_ranks(c.forward[p]));
+      out.backward[p].push_back(mean_over_ranks(c.backward[p]));
+    }
+    const double a2a = c.forward[to_experts] + c.backward[to_experts] + c.forward[to_tokens] +
+                       c.backward[to_tokens];
+    out.total.push_back(mean_over_ranks(total));
+    out.share.push_back(mean_over_ranks(a2a / total));
+    out.mpi.push_back(mean_over_ranks(mpi));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Expert states per rank.
+
+// Bytes of a parameter of type Param with global `extents` on the rank at `shape`'s
+// coordinates, from its layouts: stored copy, gradient buffer, Adam's m and v, and the fp32
+// master where the policy keeps one apart (what zest::parameter allocates).
+template <class Param, class Shape>
+std::uint64_t state_bytes_from_layouts(const Shape& shape,
+                                       const typename Param::extents_type& extents) {
+  using P = policy;
+  auto held = [&](const zest::layout_value& v) {
+    std::uint64_t n = 1;
+    for (std::size_t i = 0; i < extents.size(); ++i) {
+      n *= zest::dim_range(v, Param::dims[i], extents[i], shape.sizes(), shape.coords()).size;
+    }
+    return n;
+  };
+  std::uint64_t bytes = held(Param::layouts.stored) * sizeof(typename P::param_type) +
+                        held(Param::layouts.gradient_buffer) * sizeof(typename P::grad_type) +
+                        2 * held(Param::layouts.optimizer_state) * sizeof(float);
+  if constexpr (P::has_master) bytes += held(Param::layouts.master) * sizeof(float);
+  return bytes;
+}
+
+// The four expert parameters of moe_layer<Policy> (E experts, M, H): the largest rank's
+// bytes over every rank of a mesh of `sizes`, and whether every rank holds the same.
+template <class Layer>
+std::pair<std::uint64_t, bool> expert_bytes_from_layouts(std::array<int, 2> sizes, std::size_t E,
+                                                         std::size_t M, std::size_t H) {
+  std::uint64_t most = 0, least = ~std::uint64_t{0};
+  for (int a = 0; a < sizes[0]; ++a) {
+    for (int b = 0; b < sizes[1]; ++b) {
+      const zest::mesh_shape<"dp", "ep"> shape(sizes, {a, b});
+      const std::uint64_t bytes =
+          state_bytes_from_layouts<typename Layer::in_weight_type>(shape, {E, M, H}) +
+          state_bytes_from_layouts<typename Layer::in_bias_type>(shape, {E, H}) +
+          state_bytes_from_layouts<typename Layer::out_weight_type>(shape, {E, H, M}) +
+          state_bytes_from_layouts<typename Layer::out_bias_type>(shape, {E, M});
+      most = std::max(most, bytes);
+      least = std::min(least, bytes);
+    }
+  }
+  return {most, most == least};
+}
+
+// The same four parameters constructed on the mesh: zest's live bytes around them (the
+// largest rank's), and the sum of their local tensors' sizes as a cross-check.
+std::pair<std::uint64_t, std::uint64_t> expert_bytes_measured(const mesh_t& m, std::size_t E,
+                                                              std::size_t M, std::size_t H) {
+  zest::zero_engine<policy> engine(m, {.seed = 3});
+  (void)engine.begin_group("experts");
+  const std::int64_t before = zest::memory::live_bytes();
+  layer_t::in_weight_type w_in(engine, "moe.experts.fc.weight", {E, M, H},
+                               zest::init::normal{0.02});
+  layer_t::in_bias_type b_in(engine, "moe.experts.fc.bias", {E, H}, zest::init::constant{0.0},
+                             false);
+  layer_t::out_weight_type w_out(engine, "moe.experts.proj.weight", {E, H, M},
+                                 zest::init::normal{0.02});
+  layer_t::out_bias_type b_out(engine, "moe.experts.proj.bias", {E, M}, zest::init::constant{0.0},
+                               false);
+  const std::int64_t live = zest::memory::live_bytes() - before;
+  engine.end_group();
+  auto tensors = [](const auto& p) {
+    return p.stored().local_count() * sizeof(float) +
+           p.gradient_buffer_tensor().local_count() * sizeof(float) +
+           (p.moment1().local_count() + p.moment2().local_count()) * sizeof(float);
+  };
+  const std::uint64_t counted = tensors(w_in) + tensors(b_in) + tensors(w_out) + tensors(b_out);
+  return {static_cast<std::uint64_t>(max_over_ranks(static_cast<double>(live))),
+          static_cast<std::uint64_t>(max_over_ranks(static_cast<double>(counted)))};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  zest::mpi_environment mpi(&argc, &argv);
+#if ZEST_HAS_BLAS
+  openblas_set_num_threads(1);
+#endif
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) quick = quick || std::string_view(argv[i]) == "--quick";
+
+  try {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    const mesh_t m(MPI_COMM_WORLD, {1, world});
+    const bool root = m.rank() == 0;
+    const auto ranks = static_cast<std::size_t>(world);
+    settings s;
+    if (quick) {
+      s.d_groups_per_rank = 1;
+      s.d_reps = 3;
+      s.seqs_per_rank = 2;
+      s.seq_len = 256;
+      s.l_warmup = 1;
+      s.l_reps = 5;
+      s.p_reps = 3;
+    }
+    if (s.experts % ranks != 0) {
+      throw zest::shape_error(zest::detail::message(
+          "bench_moe: E = ", s.experts, " experts do not divide over ", world, " ranks"));
+    }
+
+    // ---- dispatch + combine ---------------------------------------------------------------
+    const dispatch_figures df = bench_dispatch(m, s);
+
+    // ---- the layer and the dense FFN --------------------------------------------------------
+    const std::size_t B = s.seqs_per_rank * ranks, T = s.seq_len, M = s.width,
+                      H = s.expert_hidden, E = s.experts;
+    const moe::gating_options gating{.top_k = 2, .capacity_factor = 1.25};
+    zest::zero_engine<policy> engine(m, {.seed = 1});
+    const std::size_t moe_group = engine.begin_group("moe");
+    const layer_t layer(engine, "moe", M, H, E, gating, /*index_path=*/true);
+    engine.end_group();
+    const std::size_t dense_group = engine.begin_group("dense");
+    const zest::mlp<policy> dense(engine, "dense", M, gating.top_k * H);
+    engine.end_group();
+    const x_btm x0 = random_tensor<x_btm>(m, {B, T, M}, 11);
+    const r_btm r0 = random_tensor<r_btm>(m, {B, T, M}, 12, 1e-2);
+
+    layer_figures lf;
+    auto moe_step = [&](std::uint64_t step) {
+      return timed_step(engine, moe_group, x0, r0, [&](const auto& x, const auto& r) {
+        auto y = layer(x, step);
+        return ad::sum(y * r) + ad::scale(layer.aux_loss(), 0.01F);
+      });
+    };
+    auto dense_step = [&] {
+      return timed_step(engine, dense_group, x0, r0,
+                        [&](const auto& x, const auto& r) { return ad::sum(dense(x) * r); });
+    };
+    std::uint64_t step = 0;
+    for (int i = 0; i < s.l_warmup; ++i) {
+      moe_step(step++);
+      dense_step();
+    }
+    for (int i = 0; i < s.l_reps; ++i) {
+      double a = 0, b = 0;
+      if (i % 2 == 0) {
+        a = moe_step(step++);
+        b = dense_step();
+      } else {
+        b = dense_step();
+        a = moe_step(step++);
+      }
+      lf.moe.push_back(a);
+      lf.dense.push_back(b);
+      lf.pair_ratio.push_back(a / b);
+    }
+    {
+      double kept = 0;
+      for (auto k : layer.stats().kept_per_expert) kept += static_cast<double>(k);
+      lf.kept_fraction = mean_over_ranks(kept / static_cast<double>(layer.stats().assignments));
+      lf.capacity = layer.capacity();
+      lf.all_to_all_bytes = layer.last_all_to_all().step();
+    }
+
+    // ---- where the layer's time goes -------------------------------------------------------
+    const pipeline_figures pf = bench_pipeline(engine, moe_group, layer, x0, r0, s, 1);
+
+    // ---- expert states per rank ----------------------------------------------------------
+    // Measured: E = 2 R on this run's R ranks. Computed from layouts: the same, and the
+    // other side of the ratio (E = 8 on 4 ranks, or E = 4 on 2 ranks when R = 4).
+    const std::size_t e_here = 2 * ranks;
+    const auto [measured, counted] = expert_bytes_measured(m, e_here, M, H);
+    const auto [layout_here, even_here] =
+        expert_bytes_from_layouts<layer_t>({1, world}, e_here, M, H);
+    const int other_ranks = world == 4 ? 2 : 4;
+    const auto [layout_other, even_other] = expert_bytes_from_layouts<layer_t>(
+        {1, other_ranks}, 2 * static_cast<std::size_t>(other_ranks), M, H);
+    // For the record: E = 8 on 2 x 2 ranks under ZeRO-3 (two replicas of 2 expert ranks; the
+    // stage partitions each expert block over "dp").
+    using layer3_t = moe::moe_layer<zest::training_policy<mesh_t, zest::zero_stage<3>, float>>;
+    const auto [layout_zero3, even_zero3] = expert_bytes_from_layouts<layer3_t>({2, 2}, 8, M, H);
+    const double bytes_2 = static_cast<double>(world == 4 ? layout_other : measured);
+    const double bytes_4 = static_cast<double>(world == 4 ? measured : layout_other);
+
+    // ---- report ----------------------------------------------------------------------------
+    if (root) {
+      const double ei_f = median(df.einsum.forward), ei_b = median(df.einsum.backward),
+                   ei_t = median(df.einsum.total);
+      const double ix_f = median(df.index.forward), ix_b = median(df.index.backward),
+                   ix_t = median(df.index.total);
+      std::printf("moe: %d ranks, mesh<dp=1, ep=%d>, fp32, one BLAS thread%s\n", world, world,
+                  quick ? " (--quick)" : "");
+      std::printf("\ndispatch + combine: S = %zu tokens per group, %zu groups per rank, E = %zu, "
+                  "M = %zu, top-2, capacity factor 1.25 -> C = %zu (%.1f%% of choices kept);\n"
+                  "forward + backward (x and gates), slowest rank, median of %d after %d "
+                  "warmup\n",
+                  s.d_tokens, s.d_groups_per_rank, s.d_experts, s.d_width, df.capacity,
+                  100 * df.kept_fraction, s.d_reps, s.d_warmup);
+      std::printf("  %-34s %10s %10s %10s\n", "path", "fwd ms", "bwd ms", "total ms");
+      std::printf("  %-34s %10.2f %10.2f %10.2f\n", "einsum (one-hot gsec)", 1e3 * ei_f,
+                  1e3 * ei_b, 1e3 * ei_t);
+      std::printf("  %-34s %10.3f %10.3f %10.3f\n", "index (dispatch/combine_by_index)",
+                  1e3 * ix_f, 1e3 * ix_b, 1e3 * ix_t);
+      std::printf("  %-34s %10.1f %10.1f %10.1f\n", "einsum / index", ei_f / ix_f, ei_b / ix_b,
+                  ei_t / ix_t);
+      std::printf("  the paths agree: output %.1e, input gradient %.1e (relative)\n",
+                  df.value_difference, df.dx_difference);
+
+      const double tokens = static_cast<double>(B * T) / world;  // per rank
+      const double dense_flops = 3 * 2 * tokens * 2 * double(M) * double(2 * H);
+      const double slots = static_cast<double>(E * (B / ranks) * lf.capacity);  // per rank
+      const double expert_flops = 3 * 2 * slots * 2 * double(M) * double(H);
+      const double gate_flops = 3 * 2 * tokens * double(M) * double(E);
+      const double moe_t = median(lf.moe), dense_t = median(lf.dense);
+      std::printf("\nlayer forward + backward: %zu tokens per rank (%zu sequences of %zu), "
+                  "M = %zu; slowest rank, median of %d pairs after %d warmup\n",
+                  static_cast<std::size_t>(tokens), B / ranks, T, M, s.l_reps, s.l_warmup);
+      std::printf("  %-44s %9s %12s %9s\n", "layer", "ms", "GFLOP/rank", "GFLOP/s");
+      std::printf("  %-44s %9.2f %12.3f %9.2f\n",
+                  "moe_layer top-2, E = 8, expert hidden 512", 1e3 * moe_t,
+                  1e-9 * (expert_flops + gate_flops), 1e-9 * (expert_flops + gate_flops) / moe_t);
+      std::printf("    (C = %zu, %.1f%% of choices kept; all-to-all %.2f MB sent per rank and "
+                  "step)\n",
+                  lf.capacity, 100 * lf.kept_fraction, 1e-6 * double(lf.all_to_all_bytes));
+      std::printf("  %-44s %9.2f %12.3f %9.2f\n", "zest::mlp hidden 1024 (same active FLOPs)",
+                  1e3 * dense_t, 1e-9 * dense_flops, 1e-9 * dense_flops / dense_t);
+      std::printf("  MoE / dense: %.3f (ratio of medians; per pair:", moe_t / dense_t);
+      for (double r : lf.pair_ratio) std::printf(" %.2f", r);
+      std::printf("); the FLOPs alone: %.3f\n", (expert_flops + gate_flops) / dense_flops);
+
+      std::printf("\nwhere the MoE layer's time goes (its forward rebuilt from dispatch.hpp's "
+                  "pieces, the layer's parameters; rank mean, median of %d)\n",
+                  s.p_reps);
+      std::printf("  %-34s %9s %9s %9s %7s\n", "piece", "fwd ms", "bwd ms", "sum ms", "share");
+      const double total = median(pf.total);
+      double pieces_sum = 0;
+      for (std::size_t p = 0; p < pieces; ++p) {
+        const double fw = median(pf.forward[p]), bw = median(pf.backward[p]);
+        pieces_sum += fw + bw;
+        std::printf("  %-34s %9.2f %9.2f %9.2f %6.1f%%\n", piece_names[p], 1e3 * fw, 1e3 * bw,
+                    1e3 * (fw + bw), 100 * (fw + bw) / total);
+      }
+      std::printf("  %-34s %9s %9s %9.2f %6.1f%%\n", "rest (loss, aux, engine)", "", "",
+                  1e3 * (total - pieces_sum), 100 * (total - pieces_sum) / total);
+      std::printf("  %-34s %9s %9s %9.2f\n", "total", "", "", 1e3 * total);
+      std::printf("  all-to-all share %.3f; inside MPI_Alltoall(v) %.2f ms per step (%llu "
+                  "calls in all)\n",
+                  median(pf.share), 1e3 * median(pf.mpi),
+                  static_cast<unsigned long long>(alltoall_mpi_calls));
+
+      std::printf("\nexpert states per rank (stored, gradient buffer, Adam m and v), M = %zu, "
+                  "expert hidden %zu\n",
+                  M, H);
+      std::printf("  E = %zu on mesh<dp=1, ep=%d>: %llu B measured (live bytes), %llu B in the "
+                  "local tensors, %llu B from the layouts%s\n",
+                  e_here, world, static_cast<unsigned long long>(measured),
+                  static_cast<unsigned long long>(counted),
+                  static_cast<unsigned long long>(layout_here), even_here ? "" : " (uneven)");
+      std::printf("  E = %d on mesh<dp=1, ep=%d>: %llu B from the layouts%s\n", 2 * other_ranks,
+                  other_ranks, static_cast<unsigned long long>(layout_other),
+                  even_other ? "" : " (uneven)");
+      std::printf("  E = 8 on mesh<dp=2, ep=2>, ZeRO-3: %llu B from the layouts%s\n",
+                  static_cast<unsigned long long>(layout_zero3), even_zero3 ? "" : " (uneven)");
+
+      std::printf("\nMETRIC moe_index_dispatch_speedup_vs_einsum %.2f\n", ei_t / ix_t);
+      std::printf("METRIC moe_layer_ratio_vs_dense_ffn %.4f\n", moe_t / dense_t);
+      std::printf("METRIC moe_alltoall_share %.4f\n", median(pf.share));
+      std::printf("METRIC moe_expert_bytes_per_rank_ratio %.6f\n", bytes_2 / bytes_4);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moe: %s\n", e.what());
+    return 1;
+  }
+}
