@@ -3,7 +3,8 @@
 // the same active FLOPs per token, the share of the all-to-alls, and the expert states per
 // rank as experts grow with ranks.
 //
-//   mpiexec -n 2 ./bench_moe [--quick]
+//   mpiexec -n 2 ./bench_moe [--quick]      (--quick: 1 group per rank in the dispatch
+//                                             case, fewer repetitions, the same sizes)
 //
 // The mesh is mesh<"dp", "ep"> {1, ranks} (the experts split over "ep"), fp32, ZeRO stage 0
 // (one data-parallel replica: the stage changes nothing), one BLAS thread. Times are the
@@ -23,15 +24,18 @@
 //       token, on the same tokens "btm" split<'b', "dp", "ep"> (2048 per rank as 2 sequences
 //       of 1024; a sequence is a group), M = 256; loss = sum(y * r) (+ 0.01 aux for the MoE).
 //       The experts compute capacity_factor = 1.25 times the active FLOPs (C slots of every
-//       expert are multiplied, full or not), so compute alone puts the ratio near 1.25.
+//       expert are multiplied, full or not), so compute alone puts the ratio near 1.25. The
+//       two run back to back in pairs (order alternating); the metric is the median of the
+//       pairs' ratios (a pair sees one load), the ratio of medians is printed too.
 //                                                                            target <= 1.5
 //   moe_alltoall_share  the fraction of a forward + backward of the MoE layer spent in its
 //       four all-to-alls (to the experts and back, forward and backward): the layer's
 //       forward rebuilt here from zest/moe/dispatch.hpp's pieces with the layer's own
 //       parameters, each piece timed (forward, and backward through marks on the tape
-//       around it), rank mean. An all-to-all's time includes packing its blocks and waiting
-//       for the other ranks. The seconds inside MPI_Alltoall(v) (profiling interface) are
-//       printed beside it.                                                  for the record
+//       around it), rank mean. An all-to-all's time is its packing, exchange and unpacking,
+//       plus the time a rank waits for the others before it (a barrier placed there, timed
+//       apart: what load from other processes adds); the table shows both parts, and the
+//       seconds inside MPI_Alltoall(v) (profiling interface).               for the record
 //   moe_expert_bytes_per_rank_ratio  bytes of the expert parameters' states per rank
 //       (stored copy, gradient buffer, Adam's m and v: what zest's allocation count sees
 //       around constructing them) with E = 4 on 2 ranks / with E = 8 on 4 ranks (mesh
@@ -39,12 +43,19 @@
 //
 // Only the world size's case can be allocated in one run: with R ranks, E = 2 R is
 // constructed and measured (live bytes around the four expert parameters of the layer's
-// types), the other case (E = 8 on 4 ranks when R = 2; E = 4 on 2 ranks when R = 4) is
-// computed from the same parameter types' layouts on a zest::mesh_shape of that size, each
-// rank's block from dim_range as the ZeRO planner counts it. The layout count of the
-// measured case is printed next to the measurement, which it must equal. With
-// ZEST_BENCH_NPROCS=4, bench/run measures the 4-rank side instead.
+// types), and both sides of the ratio are also computed from the same parameter types'
+// layouts on a zest::mesh_shape of 2 and of 4 ranks, each rank's block from dim_range as
+// the ZeRO planner counts it. The ratio takes the measurement for the side this run has the
+// ranks for (R = 2 by default; with ZEST_BENCH_NPROCS=4, bench/run measures the 4-rank side)
+// and the layouts for the other; the layout count of the measured case is printed next to
+// the measurement, which it must equal.
+//
+// Also printed, to tell the layer's own costs from a shared machine's: the layer and dense
+// steps in CPU seconds (rank mean; not stretched when other processes take the cores) and
+// their minor page faults, each piece's CPU seconds and page faults, and one bare
+// MPI_Alltoall of the same bytes (warm buffers) after each rebuilt step.
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <array>
@@ -52,9 +63,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <exception>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -80,14 +93,12 @@
 namespace {
 using clock_type = std::chrono::steady_clock;
 double alltoall_mpi_seconds = 0;
-std::uint64_t alltoall_mpi_calls = 0;
 
 template <class F>
 int timed_alltoall(F call) {
   const auto t0 = clock_type::now();
   const int rc = call();
   alltoall_mpi_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
-  ++alltoall_mpi_calls;
   return rc;
 }
 }  // namespace
@@ -103,8 +114,8 @@ int MPI_Alltoallv(const void* send, const int send_counts[], const int send_disp
                   MPI_Datatype send_type, void* recv, const int recv_counts[],
                   const int recv_displs[], MPI_Datatype recv_type, MPI_Comm comm) {
   return timed_alltoall([&] {
-    return PMPI_Alltoallv(send, send_counts, send_displs, send_type, recv, recv_counts,
-                          recv_displs, recv_type, comm);
+    return PMPI_Alltoallv(send, send_counts, send_displs, send_type, recv, recv_counts, recv_displs,
+                          recv_type, comm);
   });
 }
 }  // extern "C"
@@ -122,6 +133,19 @@ using group_tokens = zest::layout<zest::split<'g', "dp", "ep">>;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+// CPU seconds this process has used: not stretched when other processes take the cores
+// (polling inside MPI counts, though).
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+// Minor page faults of this process so far: fresh memory touched for the first time.
+double minor_page_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_minflt);
 }
 double max_over_ranks(double x) {
   MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -173,8 +197,8 @@ struct settings {
   // the layer
   std::size_t seqs_per_rank = 2, seq_len = 1024, width = 256, expert_hidden = 512;
   std::size_t experts = 8;
-  int l_warmup = 2, l_reps = 9;  // pairs (MoE, dense), order alternating
-  int p_reps = 7;                // pipeline breakdown
+  int l_warmup = 2, l_reps = 15;  // pairs (MoE, dense), order alternating
+  int p_reps = 7;                 // pipeline breakdown
 };
 
 // ---------------------------------------------------------------------------------------
@@ -200,8 +224,7 @@ dispatch_figures bench_dispatch(const mesh_t& m, const settings& s) {
   using logits_t = zest::tensor<float, mesh_t, "gse", group_tokens>;
   using x_t = zest::tensor<float, mesh_t, "gsm", group_tokens>;
   const std::size_t ranks = static_cast<std::size_t>(m.world_size());
-  const std::size_t G = s.d_groups_per_rank * ranks, S = s.d_tokens, E = s.d_experts,
-                    M = s.d_width;
+  const std::size_t G = s.d_groups_per_rank * ranks, S = s.d_tokens, E = s.d_experts, M = s.d_width;
 
   // The routing: GShard top-2 of random logits, decided once.
   ad::tape route_tape;
@@ -295,56 +318,118 @@ using x_btm = zest::tensor<float, mesh_t, "btm", seq_tokens>;
 using r_btm = zest::tensor<float, mesh_t, "btm">;
 
 struct layer_figures {
-  std::vector<double> moe, dense, pair_ratio;  // seconds (slowest rank), per repetition
+  std::vector<double> moe, dense, pair_ratio;    // seconds (slowest rank), per repetition
+  std::vector<double> moe_cpu, dense_cpu;        // CPU seconds (rank mean), per repetition
+  std::vector<double> moe_faults, dense_faults;  // minor page faults (rank mean)
   double kept_fraction = 0;
   std::size_t capacity = 0;
   std::uint64_t all_to_all_bytes = 0;  // sent per rank per step (the layer's formula)
 };
 
-// One forward + backward of `f` on x, with the engine's group in scope: slowest rank's s.
+// One forward + backward of `f` on x, with the engine's group in scope: the slowest rank's
+// seconds, and the rank means of CPU seconds and minor page faults.
+struct step_sample {
+  double seconds = 0, cpu = 0, faults = 0;
+};
 template <class Engine, class F>
-double timed_step(Engine& engine, std::size_t group, const x_btm& x0, const r_btm& r0, F&& f) {
+step_sample timed_step(Engine& engine, std::size_t group, const x_btm& x0, const r_btm& r0, F&& f) {
   ad::tape t;
   auto x = t.parameter(x_btm(x0));
   auto r = t.constant(r_btm(r0));
   MPI_Barrier(MPI_COMM_WORLD);
+  const double faults0 = minor_page_faults();
+  const double cpu0 = cpu_seconds();
   const auto t0 = clock_type::now();
   auto loss = [&] {
     auto in_scope = engine.use(t, group);
     return f(x, r);
   }();
   engine.backward(loss);
-  return max_over_ranks(seconds_since(t0));
+  const double wall = seconds_since(t0), cpu = cpu_seconds() - cpu0;
+  const double faults = minor_page_faults() - faults0;
+  return {max_over_ranks(wall), mean_over_ranks(cpu), mean_over_ranks(faults)};
 }
 
 // ---------------------------------------------------------------------------------------
 // The layer's forward rebuilt from dispatch.hpp's pieces, each timed.
 
-enum piece : std::size_t { routing, dispatch, to_experts, experts, to_tokens, combine, pieces };
-constexpr std::array<const char*, pieces> piece_names{
-    "routing (gate einsum, top-2)", "dispatch_by_index", "all-to-all to experts",
-    "experts (2 einsums, GELU)",    "all-to-all back",   "combine_by_index"};
+enum piece : std::size_t {
+  routing,
+  dispatch,
+  wait_to_experts,
+  to_experts,
+  experts,
+  wait_to_tokens,
+  to_tokens,
+  combine,
+  pieces
+};
+constexpr std::array<const char*, pieces> piece_names{"routing (gate einsum, top-2)",
+                                                      "dispatch_by_index",
+                                                      "  wait for the other ranks",
+                                                      "all-to-all to experts",
+                                                      "experts (2 einsums, GELU)",
+                                                      "  wait for the other ranks",
+                                                      "all-to-all back",
+                                                      "combine_by_index"};
+
+// Wall and CPU seconds and minor page faults at once: the CPU seconds of a piece are not
+// stretched when other processes take the core (a wait inside MPI polls, so it counts).
+struct moment {
+  clock_type::time_point wall = clock_type::now();
+  double cpu = cpu_seconds();
+  double faults = minor_page_faults();
+};
+struct span_time {
+  double wall = 0, cpu = 0, faults = 0;
+  void add_since(const moment& m) {
+    wall += seconds_since(m.wall);
+    cpu += cpu_seconds() - m.cpu;
+    faults += minor_page_faults() - m.faults;
+  }
+};
 
 struct piece_clock {
-  std::array<double, pieces> forward{}, backward{};
-  std::array<clock_type::time_point, pieces> started{};
+  std::array<span_time, pieces> forward{}, backward{};
+  std::array<moment, pieces> started{};
 };
 
 // f()'s forward time, and its backward's: a mark recorded before f's steps runs after their
 // backward, one recorded after them runs before.
 template <class F>
 auto timed_piece(ad::tape& t, piece_clock& c, piece p, F&& f) {
-  t.record([&c, p] { c.backward[p] += seconds_since(c.started[p]); });
-  const auto t0 = clock_type::now();
+  t.record([&c, p] { c.backward[p].add_since(c.started[p]); });
+  const moment t0;
   auto out = f();
-  c.forward[p] += seconds_since(t0);
-  t.record([&c, p] { c.started[p] = clock_type::now(); });
+  c.forward[p].add_since(t0);
+  t.record([&c, p] { c.started[p] = moment{}; });
+  return out;
+}
+
+// A barrier before an all-to-all, forward and backward (recorded after the all-to-all, so
+// that backward meets it just before the all-to-all's own backward): the time a rank waits
+// there for the others is what the all-to-all would otherwise spend waiting, which load
+// from other processes and uneven work cause, not the exchange.
+template <class F>
+auto synced_all_to_all(ad::tape& t, piece_clock& c, piece wait, piece exchange, F&& f) {
+  const moment t0;
+  MPI_Barrier(MPI_COMM_WORLD);
+  c.forward[wait].add_since(t0);
+  auto out = timed_piece(t, c, exchange, std::forward<F>(f));
+  t.record([&c, wait] {
+    const moment t1;
+    MPI_Barrier(MPI_COMM_WORLD);
+    c.backward[wait].add_since(t1);
+  });
   return out;
 }
 
 struct pipeline_figures {
-  std::array<std::vector<double>, pieces> forward, backward;  // rank mean, per repetition
-  std::vector<double> total, share, mpi;                      // rank mean, per repetition
+  // rank mean, per repetition
+  std::array<std::vector<double>, pieces> forward, backward, forward_cpu, backward_cpu, faults;
+  std::vector<double> total, total_cpu, share, exchange_share, mpi;
+  std::vector<double> raw_alltoall;  // one bare MPI_Alltoall of the same bytes (slowest rank)
+  std::size_t block_bytes = 0;       // the local "egcm" block on the token side
 };
 
 template <class Engine>
@@ -352,6 +437,10 @@ pipeline_figures bench_pipeline(Engine& engine, std::size_t group, const layer_t
                                 const x_btm& x0, const r_btm& r0, const settings& s, int warmup) {
   pipeline_figures out;
   const std::size_t E = layer.experts();
+  std::size_t block = 0;  // elements of the local dispatched block
+  std::vector<float> send, recv;
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
   for (int rep = 0; rep < warmup + s.p_reps; ++rep) {
     piece_clock c;
     const double mpi0 = alltoall_mpi_seconds;
@@ -359,7 +448,7 @@ pipeline_figures bench_pipeline(Engine& engine, std::size_t group, const layer_t
     auto x = t.parameter(x_btm(x0));
     auto rr = t.constant(r_btm(r0));
     MPI_Barrier(MPI_COMM_WORLD);
-    const auto t0 = clock_type::now();
+    const moment t0;
     auto loss = [&] {
       auto in_scope = engine.use(t, group);
       moe::gating_options o = layer.options();
@@ -374,13 +463,15 @@ pipeline_figures bench_pipeline(Engine& engine, std::size_t group, const layer_t
       auto d = timed_piece(t, c, dispatch, [&] {
         return moe::dispatch_by_index(xg, r.expert_index, r.slot_index, E, r.capacity);
       });
-      auto h = timed_piece(t, c, to_experts, [&] { return moe::to_expert_layout<"ep">(d); });
+      block = d.value().local_count();
+      auto h = synced_all_to_all(t, c, wait_to_experts, to_experts,
+                                 [&] { return moe::to_expert_layout<"ep">(d); });
       auto y = timed_piece(t, c, experts, [&] {
         return moe::expert_feed_forward(h, layer.in_weight().value(), layer.in_bias().value(),
                                         layer.out_weight().value(), layer.out_bias().value());
       });
-      auto back =
-          timed_piece(t, c, to_tokens, [&] { return moe::to_token_layout<dispatched_t::layout>(y); });
+      auto back = synced_all_to_all(t, c, wait_to_tokens, to_tokens,
+                                    [&] { return moe::to_token_layout<dispatched_t::layout>(y); });
       auto z = timed_piece(t, c, combine, [&] {
         return moe::combine_by_index(back, r.weight, r.expert_index, r.slot_index);
       });
@@ -388,17 +479,37 @@ pipeline_figures bench_pipeline(Engine& engine, std::size_t group, const layer_t
       return ad::sum(out * rr) + ad::scale(r.aux_loss, 0.01F);
     }();
     engine.backward(loss);
-    const double total = seconds_since(t0);
+    span_time total;
+    total.add_since(t0);
     const double mpi = alltoall_mpi_seconds - mpi0;
+    // The reference: the same bytes through one bare MPI_Alltoall, warm buffers, after a
+    // barrier (the profiling wrapper bypassed).
+    const int count = static_cast<int>(block / static_cast<std::size_t>(world));
+    send.resize(block, 1.0F);
+    recv.resize(block);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto r0 = clock_type::now();
+    PMPI_Alltoall(send.data(), count, MPI_FLOAT, recv.data(), count, MPI_FLOAT, MPI_COMM_WORLD);
+    const double raw = max_over_ranks(seconds_since(r0));
     if (rep < warmup) continue;
+    out.raw_alltoall.push_back(raw);
+    out.block_bytes = block * sizeof(float);
     for (std::size_t p = 0; p < pieces; ++p) {
-      out.forward[p].push_back(mean_over_ranks(c.forward[p]));
-      out.backward[p].push_back(mean_over_ranks(c.backward[p]));
+      out.forward[p].push_back(mean_over_ranks(c.forward[p].wall));
+      out.backward[p].push_back(mean_over_ranks(c.backward[p].wall));
+      out.forward_cpu[p].push_back(mean_over_ranks(c.forward[p].cpu));
+      out.backward_cpu[p].push_back(mean_over_ranks(c.backward[p].cpu));
+      out.faults[p].push_back(mean_over_ranks(c.forward[p].faults + c.backward[p].faults));
     }
-    const double a2a = c.forward[to_experts] + c.backward[to_experts] + c.forward[to_tokens] +
-                       c.backward[to_tokens];
-    out.total.push_back(mean_over_ranks(total));
-    out.share.push_back(mean_over_ranks(a2a / total));
+    double a2a = 0, exchange = 0;
+    for (piece p : {wait_to_experts, to_experts, wait_to_tokens, to_tokens}) {
+      a2a += c.forward[p].wall + c.backward[p].wall;
+    }
+    for (piece p : {to_experts, to_tokens}) exchange += c.forward[p].wall + c.backward[p].wall;
+    out.total.push_back(mean_over_ranks(total.wall));
+    out.total_cpu.push_back(mean_over_ranks(total.cpu));
+    out.share.push_back(mean_over_ranks(a2a / total.wall));
+    out.exchange_share.push_back(mean_over_ranks(exchange / total.wall));
     out.mpi.push_back(mean_over_ranks(mpi));
   }
   return out;
@@ -494,10 +605,11 @@ int main(int argc, char** argv) {
     const auto ranks = static_cast<std::size_t>(world);
     settings s;
     if (quick) {
+      // Fewer groups and repetitions, the same layer: with shorter sequences the experts'
+      // GEMMs shrink and fixed costs weigh more, and the layer ratio would not be the one
+      // the target speaks of.
       s.d_groups_per_rank = 1;
       s.d_reps = 3;
-      s.seqs_per_rank = 2;
-      s.seq_len = 256;
       s.l_warmup = 1;
       s.l_reps = 5;
       s.p_reps = 3;
@@ -509,10 +621,16 @@ int main(int argc, char** argv) {
 
     // ---- dispatch + combine ---------------------------------------------------------------
     const dispatch_figures df = bench_dispatch(m, s);
+    // Both paths must compute the same numbers, or the comparison means nothing.
+    if (!(df.value_difference < 1e-5 && df.dx_difference < 1e-5)) {
+      throw std::runtime_error(zest::detail::message("the einsum and index paths differ: output ",
+                                                     df.value_difference, ", gradient ",
+                                                     df.dx_difference, " (relative)"));
+    }
 
     // ---- the layer and the dense FFN --------------------------------------------------------
-    const std::size_t B = s.seqs_per_rank * ranks, T = s.seq_len, M = s.width,
-                      H = s.expert_hidden, E = s.experts;
+    const std::size_t B = s.seqs_per_rank * ranks, T = s.seq_len, M = s.width, H = s.expert_hidden,
+                      E = s.experts;
     const moe::gating_options gating{.top_k = 2, .capacity_factor = 1.25};
     zest::zero_engine<policy> engine(m, {.seed = 1});
     const std::size_t moe_group = engine.begin_group("moe");
@@ -541,7 +659,7 @@ int main(int argc, char** argv) {
       dense_step();
     }
     for (int i = 0; i < s.l_reps; ++i) {
-      double a = 0, b = 0;
+      step_sample a, b;
       if (i % 2 == 0) {
         a = moe_step(step++);
         b = dense_step();
@@ -549,9 +667,13 @@ int main(int argc, char** argv) {
         b = dense_step();
         a = moe_step(step++);
       }
-      lf.moe.push_back(a);
-      lf.dense.push_back(b);
-      lf.pair_ratio.push_back(a / b);
+      lf.moe.push_back(a.seconds);
+      lf.dense.push_back(b.seconds);
+      lf.pair_ratio.push_back(a.seconds / b.seconds);
+      lf.moe_cpu.push_back(a.cpu);
+      lf.dense_cpu.push_back(b.cpu);
+      lf.moe_faults.push_back(a.faults);
+      lf.dense_faults.push_back(b.faults);
     }
     {
       double kept = 0;
@@ -571,15 +693,15 @@ int main(int argc, char** argv) {
     const auto [measured, counted] = expert_bytes_measured(m, e_here, M, H);
     const auto [layout_here, even_here] =
         expert_bytes_from_layouts<layer_t>({1, world}, e_here, M, H);
-    const int other_ranks = world == 4 ? 2 : 4;
-    const auto [layout_other, even_other] = expert_bytes_from_layouts<layer_t>(
-        {1, other_ranks}, 2 * static_cast<std::size_t>(other_ranks), M, H);
+    const auto [layout_2, even_2] = expert_bytes_from_layouts<layer_t>({1, 2}, 4, M, H);
+    const auto [layout_4, even_4] = expert_bytes_from_layouts<layer_t>({1, 4}, 8, M, H);
     // For the record: E = 8 on 2 x 2 ranks under ZeRO-3 (two replicas of 2 expert ranks; the
     // stage partitions each expert block over "dp").
     using layer3_t = moe::moe_layer<zest::training_policy<mesh_t, zest::zero_stage<3>, float>>;
     const auto [layout_zero3, even_zero3] = expert_bytes_from_layouts<layer3_t>({2, 2}, 8, M, H);
-    const double bytes_2 = static_cast<double>(world == 4 ? layout_other : measured);
-    const double bytes_4 = static_cast<double>(world == 4 ? measured : layout_other);
+    // The ratio: the measurement where this run has the ranks, the layouts elsewhere.
+    const double bytes_2 = static_cast<double>(world == 2 ? measured : layout_2);
+    const double bytes_4 = static_cast<double>(world == 4 ? measured : layout_4);
 
     // ---- report ----------------------------------------------------------------------------
     if (root) {
@@ -589,17 +711,18 @@ int main(int argc, char** argv) {
                    ix_t = median(df.index.total);
       std::printf("moe: %d ranks, mesh<dp=1, ep=%d>, fp32, one BLAS thread%s\n", world, world,
                   quick ? " (--quick)" : "");
-      std::printf("\ndispatch + combine: S = %zu tokens per group, %zu groups per rank, E = %zu, "
-                  "M = %zu, top-2, capacity factor 1.25 -> C = %zu (%.1f%% of choices kept);\n"
-                  "forward + backward (x and gates), slowest rank, median of %d after %d "
-                  "warmup\n",
-                  s.d_tokens, s.d_groups_per_rank, s.d_experts, s.d_width, df.capacity,
-                  100 * df.kept_fraction, s.d_reps, s.d_warmup);
+      std::printf(
+          "\ndispatch + combine: S = %zu tokens per group, %zu groups per rank, E = %zu, "
+          "M = %zu, top-2, capacity factor 1.25 -> C = %zu (%.1f%% of choices kept);\n"
+          "forward + backward (x and gates), slowest rank, median of %d after %d "
+          "warmup\n",
+          s.d_tokens, s.d_groups_per_rank, s.d_experts, s.d_width, df.capacity,
+          100 * df.kept_fraction, s.d_reps, s.d_warmup);
       std::printf("  %-34s %10s %10s %10s\n", "path", "fwd ms", "bwd ms", "total ms");
-      std::printf("  %-34s %10.2f %10.2f %10.2f\n", "einsum (one-hot gsec)", 1e3 * ei_f,
-                  1e3 * ei_b, 1e3 * ei_t);
-      std::printf("  %-34s %10.3f %10.3f %10.3f\n", "index (dispatch/combine_by_index)",
-                  1e3 * ix_f, 1e3 * ix_b, 1e3 * ix_t);
+      std::printf("  %-34s %10.2f %10.2f %10.2f\n", "einsum (one-hot gsec)", 1e3 * ei_f, 1e3 * ei_b,
+                  1e3 * ei_t);
+      std::printf("  %-34s %10.3f %10.3f %10.3f\n", "index (dispatch/combine_by_index)", 1e3 * ix_f,
+                  1e3 * ix_b, 1e3 * ix_t);
       std::printf("  %-34s %10.1f %10.1f %10.1f\n", "einsum / index", ei_f / ix_f, ei_b / ix_b,
                   ei_t / ix_t);
       std::printf("  the paths agree: output %.1e, input gradient %.1e (relative)\n",
@@ -611,58 +734,84 @@ int main(int argc, char** argv) {
       const double expert_flops = 3 * 2 * slots * 2 * double(M) * double(H);
       const double gate_flops = 3 * 2 * tokens * double(M) * double(E);
       const double moe_t = median(lf.moe), dense_t = median(lf.dense);
-      std::printf("\nlayer forward + backward: %zu tokens per rank (%zu sequences of %zu), "
-                  "M = %zu; slowest rank, median of %d pairs after %d warmup\n",
-                  static_cast<std::size_t>(tokens), B / ranks, T, M, s.l_reps, s.l_warmup);
+      std::printf(
+          "\nlayer forward + backward: %zu tokens per rank (%zu sequences of %zu), "
+          "M = %zu; slowest rank, median of %d pairs after %d warmup\n",
+          static_cast<std::size_t>(tokens), B / ranks, T, M, s.l_reps, s.l_warmup);
       std::printf("  %-44s %9s %12s %9s\n", "layer", "ms", "GFLOP/rank", "GFLOP/s");
-      std::printf("  %-44s %9.2f %12.3f %9.2f\n",
-                  "moe_layer top-2, E = 8, expert hidden 512", 1e3 * moe_t,
-                  1e-9 * (expert_flops + gate_flops), 1e-9 * (expert_flops + gate_flops) / moe_t);
-      std::printf("    (C = %zu, %.1f%% of choices kept; all-to-all %.2f MB sent per rank and "
-                  "step)\n",
-                  lf.capacity, 100 * lf.kept_fraction, 1e-6 * double(lf.all_to_all_bytes));
+      std::printf("  %-44s %9.2f %12.3f %9.2f\n", "moe_layer top-2, E = 8, expert hidden 512",
+                  1e3 * moe_t, 1e-9 * (expert_flops + gate_flops),
+                  1e-9 * (expert_flops + gate_flops) / moe_t);
+      std::printf(
+          "    (C = %zu, %.1f%% of choices kept; all-to-all %.2f MB sent per rank and "
+          "step)\n",
+          lf.capacity, 100 * lf.kept_fraction, 1e-6 * double(lf.all_to_all_bytes));
       std::printf("  %-44s %9.2f %12.3f %9.2f\n", "zest::mlp hidden 1024 (same active FLOPs)",
                   1e3 * dense_t, 1e-9 * dense_flops, 1e-9 * dense_flops / dense_t);
-      std::printf("  MoE / dense: %.3f (ratio of medians; per pair:", moe_t / dense_t);
+      std::printf(
+          "  MoE / dense: %.3f (median of the pairs' ratios; ratio of medians %.3f; "
+          "per pair:",
+          median(lf.pair_ratio), moe_t / dense_t);
       for (double r : lf.pair_ratio) std::printf(" %.2f", r);
       std::printf("); the FLOPs alone: %.3f\n", (expert_flops + gate_flops) / dense_flops);
+      std::printf("  in CPU time (rank mean, medians): MoE %.2f ms, dense %.2f ms: %.3f\n",
+                  1e3 * median(lf.moe_cpu), 1e3 * median(lf.dense_cpu),
+                  median(lf.moe_cpu) / median(lf.dense_cpu));
+      std::printf("  minor page faults per step (rank mean, medians): MoE %.0f, dense %.0f\n",
+                  median(lf.moe_faults), median(lf.dense_faults));
 
-      std::printf("\nwhere the MoE layer's time goes (its forward rebuilt from dispatch.hpp's "
-                  "pieces, the layer's parameters; rank mean, median of %d)\n",
-                  s.p_reps);
-      std::printf("  %-34s %9s %9s %9s %7s\n", "piece", "fwd ms", "bwd ms", "sum ms", "share");
-      const double total = median(pf.total);
-      double pieces_sum = 0;
+      std::printf(
+          "\nwhere the MoE layer's time goes (its forward rebuilt from dispatch.hpp's "
+          "pieces, the layer's parameters; rank mean, median of %d)\n",
+          s.p_reps);
+      std::printf("  %-30s %8s %8s %8s %7s %8s %7s\n", "piece", "fwd ms", "bwd ms", "sum ms",
+                  "share", "CPU ms", "faults");
+      const double total = median(pf.total), total_cpu = median(pf.total_cpu);
+      double pieces_sum = 0, pieces_cpu = 0;
       for (std::size_t p = 0; p < pieces; ++p) {
         const double fw = median(pf.forward[p]), bw = median(pf.backward[p]);
+        const double cpu = median(pf.forward_cpu[p]) + median(pf.backward_cpu[p]);
         pieces_sum += fw + bw;
-        std::printf("  %-34s %9.2f %9.2f %9.2f %6.1f%%\n", piece_names[p], 1e3 * fw, 1e3 * bw,
-                    1e3 * (fw + bw), 100 * (fw + bw) / total);
+        pieces_cpu += cpu;
+        std::printf("  %-30s %8.2f %8.2f %8.2f %6.1f%% %8.2f %7.0f\n", piece_names[p], 1e3 * fw,
+                    1e3 * bw, 1e3 * (fw + bw), 100 * (fw + bw) / total, 1e3 * cpu,
+                    median(pf.faults[p]));
       }
-      std::printf("  %-34s %9s %9s %9.2f %6.1f%%\n", "rest (loss, aux, engine)", "", "",
-                  1e3 * (total - pieces_sum), 100 * (total - pieces_sum) / total);
-      std::printf("  %-34s %9s %9s %9.2f\n", "total", "", "", 1e3 * total);
-      std::printf("  all-to-all share %.3f; inside MPI_Alltoall(v) %.2f ms per step (%llu "
-                  "calls in all)\n",
-                  median(pf.share), 1e3 * median(pf.mpi),
-                  static_cast<unsigned long long>(alltoall_mpi_calls));
+      std::printf("  %-30s %8s %8s %8.2f %6.1f%% %8.2f\n", "rest (loss, aux, engine)", "", "",
+                  1e3 * (total - pieces_sum), 100 * (total - pieces_sum) / total,
+                  1e3 * (total_cpu - pieces_cpu));
+      std::printf("  %-30s %8s %8s %8.2f %7s %8.2f\n", "total", "", "", 1e3 * total, "",
+                  1e3 * total_cpu);
+      std::printf(
+          "  all-to-all share %.3f (without the waits %.3f); inside MPI_Alltoall(v) "
+          "%.2f ms per step (4 calls)\n",
+          median(pf.share), median(pf.exchange_share), 1e3 * median(pf.mpi));
+      std::printf("  one bare MPI_Alltoall of the same %.2f MB block (warm buffers): %.2f ms\n",
+                  1e-6 * double(pf.block_bytes), 1e3 * median(pf.raw_alltoall));
 
-      std::printf("\nexpert states per rank (stored, gradient buffer, Adam m and v), M = %zu, "
-                  "expert hidden %zu\n",
-                  M, H);
-      std::printf("  E = %zu on mesh<dp=1, ep=%d>: %llu B measured (live bytes), %llu B in the "
-                  "local tensors, %llu B from the layouts%s\n",
-                  e_here, world, static_cast<unsigned long long>(measured),
-                  static_cast<unsigned long long>(counted),
-                  static_cast<unsigned long long>(layout_here), even_here ? "" : " (uneven)");
-      std::printf("  E = %d on mesh<dp=1, ep=%d>: %llu B from the layouts%s\n", 2 * other_ranks,
-                  other_ranks, static_cast<unsigned long long>(layout_other),
-                  even_other ? "" : " (uneven)");
+      std::printf(
+          "\nexpert states per rank (stored, gradient buffer, Adam m and v), M = %zu, "
+          "expert hidden %zu\n",
+          M, H);
+      std::printf(
+          "  E = %zu on mesh<dp=1, ep=%d>: %llu B measured (live bytes), %llu B in the "
+          "local tensors, %llu B from the layouts%s\n",
+          e_here, world, static_cast<unsigned long long>(measured),
+          static_cast<unsigned long long>(counted), static_cast<unsigned long long>(layout_here),
+          even_here ? "" : " (uneven)");
+      if (world != 2) {
+        std::printf("  E = 4 on mesh<dp=1, ep=2>: %llu B from the layouts%s\n",
+                    static_cast<unsigned long long>(layout_2), even_2 ? "" : " (uneven)");
+      }
+      if (world != 4) {
+        std::printf("  E = 8 on mesh<dp=1, ep=4>: %llu B from the layouts%s\n",
+                    static_cast<unsigned long long>(layout_4), even_4 ? "" : " (uneven)");
+      }
       std::printf("  E = 8 on mesh<dp=2, ep=2>, ZeRO-3: %llu B from the layouts%s\n",
                   static_cast<unsigned long long>(layout_zero3), even_zero3 ? "" : " (uneven)");
 
       std::printf("\nMETRIC moe_index_dispatch_speedup_vs_einsum %.2f\n", ei_t / ix_t);
-      std::printf("METRIC moe_layer_ratio_vs_dense_ffn %.4f\n", moe_t / dense_t);
+      std::printf("METRIC moe_layer_ratio_vs_dense_ffn %.4f\n", median(lf.pair_ratio));
       std::printf("METRIC moe_alltoall_share %.4f\n", median(pf.share));
       std::printf("METRIC moe_expert_bytes_per_rank_ratio %.6f\n", bytes_2 / bytes_4);
     }

@@ -72,7 +72,9 @@ class gpt {
     b.gating = o.gating;
     for (std::size_t l = 0; l < o.layers; ++l) {
       b.moe = o.moe && o.moe_every > 0 && l % o.moe_every == o.moe_every - 1;
-      blocks_.push_back(std::make_unique<transformer_block<P>>(engine, "h" + std::to_string(l), b));
+      std::string name = "h";  // appended: g++ 12 warns falsely (-Wrestrict) on "h" + ...
+      name += std::to_string(l);
+      blocks_.push_back(std::make_unique<transformer_block<P>>(engine, name, b));
     }
     head_group_ = engine.begin_group("head");
     ln_f_.emplace(engine, "ln_f", o.width);
