@@ -59,6 +59,11 @@ TEST_CASE("the cache stays within its limit") {
     host_vector<float> a(n), b(n);
   }
   CHECK(memory::cached_bytes() == n * sizeof(float));  // one kept, one freed
+  { host_vector<float> big(n + 16); }                   // a larger block fits no more...
+  CHECK(memory::cached_bytes() == n * sizeof(float));
+  memory::set_cache_limit((n + 16) * sizeof(float));
+  { host_vector<float> big(n + 16); }                   // ...until the limit lets it in,
+  CHECK(memory::cached_bytes() == (n + 16) * sizeof(float));  // evicting the smaller one
   memory::set_cache_limit(0);
   CHECK(memory::cached_bytes() == 0);
   memory::set_cache_limit(limit);

@@ -8,8 +8,8 @@
 // request of the same size (a training step allocates the same sizes every step; fresh
 // pages from the operating system cost a page fault each, which measured ~15% of a step).
 // Cached blocks are not live: the counters see only blocks in use. The cache holds at most
-// cache_limit() bytes (256 MiB unless set_cache_limit says otherwise); release_cache()
-// returns everything to the system.
+// cache_limit() bytes (256 MiB unless set_cache_limit says otherwise), making room by
+// freeing cached blocks when it is full; release_cache() returns everything to the system.
 #pragma once
 
 #include <atomic>
@@ -79,7 +79,15 @@ class block_cache {
     if (bytes < min_block) return false;
     try {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (cached_ + bytes > limit_) return false;
+      if (bytes > limit_) return false;
+      // Full: blocks of other sizes make room (the sizes in use change between phases).
+      for (auto it = free_.begin(); cached_ + bytes > limit_ && it != free_.end(); ++it) {
+        while (!it->second.empty() && cached_ + bytes > limit_) {
+          ::operator delete(it->second.back(), alignment);
+          it->second.pop_back();
+          cached_ -= it->first;
+        }
+      }
       free_[bytes].push_back(p);
       cached_ += bytes;
       return true;

@@ -106,6 +106,10 @@ struct gating_options {
   bool random_routing = true;  // GShard: route the 2nd expert with probability min(1, 2 * g2)
   double z_loss_weight = 0;    // router z-loss weight (0 = off), applied by the caller
   std::uint64_t seed = 0;      // random routing: u of (seed, global token index)
+  // Also build the one-hot "gsec" dispatch and combine tensors (the einsum path). The index
+  // path reads only expert_index, slot_index and weight; without them combine and dispatch
+  // have capacity extent 0 (they grow as S^2 and are the layer's largest activations).
+  bool one_hot = true;
 };
 
 // C = ceil(k * S / E * factor), at least 1. Rounding noise in the product (20 * 1.1 =
@@ -372,8 +376,9 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o) {
 
   // The routing tensors.
   const mesh_t& mesh = lv.mesh();
-  slot_t combine(mesh, {G, S, E, C});
-  slot_t dispatch(mesh, {G, S, E, C});
+  const std::size_t C_dense = o.one_hot ? C : 0;
+  slot_t combine(mesh, {G, S, E, C_dense});
+  slot_t dispatch(mesh, {G, S, E, C_dense});
   index_t expert_index(mesh, {G, S, static_cast<std::size_t>(K)}, index_t::uninitialized);
   index_t slot_index(mesh, {G, S, static_cast<std::size_t>(K)}, index_t::uninitialized);
   weight_t weight(mesh, {G, S, static_cast<std::size_t>(K)});
@@ -390,8 +395,10 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o) {
         if (c < 0) continue;
         const std::size_t at = (t * E + static_cast<std::size_t>(r.expert[t * K + j])) * C +
                                static_cast<std::size_t>(c);
-        pc[at] = gate[j];
-        pd[at] = T(1);
+        if (C_dense != 0) {
+          pc[at] = gate[j];
+          pd[at] = T(1);
+        }
         pw[t * K + j] = gate[j];
       }
     }
@@ -433,7 +440,9 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o) {
       const std::size_t E = r.experts, C = r.capacity, S = r.tokens;
       const std::size_t k = r.k;
       const double G = static_cast<double>(r.groups);
-      const T* dcombine = cn->grad ? std::as_const(*cn->grad).local().data() : nullptr;
+      const T* dcombine = cn->grad && cn->grad->local_count() != 0
+                              ? std::as_const(*cn->grad).local().data()
+                              : nullptr;
       const T* dweight = wn->grad ? std::as_const(*wn->grad).local().data() : nullptr;
       // d aux / d p[g][s][e] = daux * E * c_ge / (S^2 G);  d z / d x = dz * 2 lse p / (G S).
       const double daux = an->grad ? static_cast<double>(std::as_const(*an->grad).local()[0]) *

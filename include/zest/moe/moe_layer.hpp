@@ -243,7 +243,9 @@ class moe_layer {
     using tokens_t = typename decltype(xg)::tensor_type;
     using dispatched_t = basic_tensor<typename X::value_type, mesh_t, "egcm", tokens_t::layout>;
     auto logits = autodiff::einsum<"gsm,me->gse">(xg, gate_.value());
-    auto r = gating(logits, o);
+    gating_options routing_options = o;
+    routing_options.one_hot = !index_path_;  // the index path needs no one-hot tensors
+    auto r = gating(logits, routing_options);
     const std::size_t capacity = r.capacity;
 
     auto dispatched = index_path_
