@@ -103,8 +103,7 @@ int MPI_Allgatherv(const void* send, int send_count, MPI_Datatype send_type, voi
                    const int recv_counts[], const int displs[], MPI_Datatype recv_type,
                    MPI_Comm comm) {
   return timed_mpi([&] {
-    return PMPI_Allgatherv(send, send_count, send_type, recv, recv_counts, displs, recv_type,
-                           comm);
+    return PMPI_Allgatherv(send, send_count, send_type, recv, recv_counts, displs, recv_type, comm);
   });
 }
 int MPI_Reduce_scatter(const void* send, void* recv, const int recv_counts[], MPI_Datatype type,
@@ -123,16 +122,15 @@ int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datatype type, M
 int MPI_Iallgather(const void* send, int send_count, MPI_Datatype send_type, void* recv,
                    int recv_count, MPI_Datatype recv_type, MPI_Comm comm, MPI_Request* request) {
   return timed_mpi([&] {
-    return PMPI_Iallgather(send, send_count, send_type, recv, recv_count, recv_type, comm,
-                           request);
+    return PMPI_Iallgather(send, send_count, send_type, recv, recv_count, recv_type, comm, request);
   });
 }
 int MPI_Iallgatherv(const void* send, int send_count, MPI_Datatype send_type, void* recv,
                     const int recv_counts[], const int displs[], MPI_Datatype recv_type,
                     MPI_Comm comm, MPI_Request* request) {
   return timed_mpi([&] {
-    return PMPI_Iallgatherv(send, send_count, send_type, recv, recv_counts, displs, recv_type,
-                            comm, request);
+    return PMPI_Iallgatherv(send, send_count, send_type, recv, recv_counts, displs, recv_type, comm,
+                            request);
   });
 }
 int MPI_Ireduce_scatter(const void* send, void* recv, const int recv_counts[], MPI_Datatype type,
@@ -142,9 +140,8 @@ int MPI_Ireduce_scatter(const void* send, void* recv, const int recv_counts[], M
 }
 int MPI_Ireduce_scatter_block(const void* send, void* recv, int recv_count, MPI_Datatype type,
                               MPI_Op op, MPI_Comm comm, MPI_Request* request) {
-  return timed_mpi([&] {
-    return PMPI_Ireduce_scatter_block(send, recv, recv_count, type, op, comm, request);
-  });
+  return timed_mpi(
+      [&] { return PMPI_Ireduce_scatter_block(send, recv, recv_count, type, op, comm, request); });
 }
 }  // extern "C"
 
@@ -199,7 +196,7 @@ struct settings {
   int other_steps = 3;     // timed steps of stages 1 and 2 (after one warmup step)
   int phase_steps = 2;     // steps of the forward/backward/step breakdown
   std::size_t gemm_n = 1024;
-  int gemm_reps = 4;       // sgemm calls per round, each timed on its own
+  int gemm_reps = 4;  // sgemm calls per round, each timed on its own
 };
 
 // Model FLOPs of one training step (a multiply-add is 2 FLOPs), counting the matmuls the
@@ -226,11 +223,11 @@ double model_flops_per_step(const zest::gpt_options& o, std::size_t batch) {
 
 // One step's figures.
 struct step_sample {
-  double seconds = 0;      // the step (max over ranks)
-  double mpi_seconds = 0;  // inside MPI during the step (max over ranks)
-  std::uint64_t bytes = 0; // parameter and gradient collectives sent by this rank
-  double page_faults = 0;  // minor page faults during the step (mean over ranks)
-  double cpu_seconds = 0;  // CPU time of the step (mean over ranks)
+  double seconds = 0;       // the step (max over ranks)
+  double mpi_seconds = 0;   // inside MPI during the step (max over ranks)
+  std::uint64_t bytes = 0;  // parameter and gradient collectives sent by this rank
+  double page_faults = 0;   // minor page faults during the step (mean over ranks)
+  double cpu_seconds = 0;   // CPU time of the step (mean over ranks)
 };
 
 // A stage's engine and model, with the model-state bytes their construction allocated.
@@ -343,8 +340,8 @@ class sgemm_reference {
  private:
   void run() {
     const int k = static_cast<int>(n_);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, k, k, 1.0F, a_.data(), k,
-                b_.data(), k, 0.0F, c_.data(), k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, k, k, 1.0F, a_.data(), k, b_.data(),
+                k, 0.0F, c_.data(), k);
   }
   std::size_t n_;
   std::vector<float> a_, b_, c_;
@@ -492,10 +489,11 @@ int main(int argc, char** argv) {
     const std::uint64_t psi = t0.parameter_count();
 
     if (root) {
-      std::printf("train_zero: GPT vocab %zu, context %zu, width %zu, %zu layers, %zu heads: "
-                  "%llu parameters; global batch %zu x %zu tokens; %d ranks, fp32\n",
-                  s.model.vocab, s.model.context, s.model.width, s.model.layers, s.model.heads,
-                  static_cast<unsigned long long>(psi), s.batch, s.model.context, world);
+      std::printf(
+          "train_zero: GPT vocab %zu, context %zu, width %zu, %zu layers, %zu heads: "
+          "%llu parameters; global batch %zu x %zu tokens; %d ranks, fp32\n",
+          s.model.vocab, s.model.context, s.model.width, s.model.layers, s.model.heads,
+          static_cast<unsigned long long>(psi), s.batch, s.model.context, world);
       std::printf("%-6s %8s %8s %7s %7s %10s %10s %9s %10s %10s %7s\n", "stage", "step s",
                   "in MPI s", "tok/s", "faults", "sent B", "formula B", "ratio", "states B",
                   "formula B", "ratio");
@@ -509,9 +507,10 @@ int main(int argc, char** argv) {
                     static_cast<double>(f->state_bytes) / f->formula_memory,
                     f->bytes_steady ? "" : "  (bytes varied between steps)");
       }
-      std::printf("stages 0 and 3: %d warmup steps, then %d alternating blocks of %d steps; "
-                  "stages 1, 2: %d step(s) after 1 warmup\n",
-                  s.warmup, s.rounds, s.block, s.other_steps);
+      std::printf(
+          "stages 0 and 3: %d warmup steps, then %d alternating blocks of %d steps; "
+          "stages 1, 2: %d step(s) after 1 warmup\n",
+          s.warmup, s.rounds, s.block, s.other_steps);
       std::printf("stage 3 / stage 0 step time: %.3f (ratio of medians), per-round block ratios",
                   step3 / step0);
       for (double r : block_ratios) std::printf(" %.3f", r);
@@ -519,35 +518,39 @@ int main(int argc, char** argv) {
       // Stage 3's extra step time against its extra time inside MPI: the part of the extra
       // that is communication not hidden behind compute (under 2 % of a step: noise).
       const double extra = step3 - step0;
-      std::printf("overlap: inside MPI per step %.4f s under stage 3, %.4f s under stage 0; "
-                  "stage 3's extra step time %.4f s",
-                  mpi3, mpi0, extra);
+      std::printf(
+          "overlap: inside MPI per step %.4f s under stage 3, %.4f s under stage 0; "
+          "stage 3's extra step time %.4f s",
+          mpi3, mpi0, extra);
       if (extra > 0.02 * step0) {
         std::printf(", of which the extra time inside MPI is %.0f%%\n",
                     100.0 * std::min((mpi3 - mpi0) / extra, 1.0));
       } else {
         std::printf(" (within 2%% of stage 0: nothing to attribute)\n");
       }
-      std::printf("phases (s, rank mean; inside MPI in brackets)  forward           backward"
-                  "          step\n");
+      std::printf(
+          "phases (s, rank mean; inside MPI in brackets)  forward           backward"
+          "          step\n");
       for (const auto* p : {&phases0, &phases3}) {
-        std::printf("  stage %d                                      %.4f (%.4f)   %.4f (%.4f)"
-                    "   %.4f (%.4f)\n",
-                    p == &phases0 ? 0 : 3, (*p)[0], (*p)[3], (*p)[1], (*p)[4], (*p)[2], (*p)[5]);
+        std::printf(
+            "  stage %d                                      %.4f (%.4f)   %.4f (%.4f)"
+            "   %.4f (%.4f)\n",
+            p == &phases0 ? 0 : 3, (*p)[0], (*p)[3], (*p)[1], (*p)[4], (*p)[2], (*p)[5]);
       }
-      std::printf("model FLOPs per step %.3e (per rank %.3e); stage %d: %.2f GFLOP/s per "
-                  "rank; sgemm (n=%zu, one thread) %.2f GFLOP/s: ratio %.3f (best of each: "
-                  "%.3f)\n",
-                  flops, flops / world, zero3_faster ? 3 : 0, flops_per_rank * 1e-9, s.gemm_n,
-                  blas.median_rate() * 1e-9, flops_ratio, best_flops_ratio);
+      std::printf(
+          "model FLOPs per step %.3e (per rank %.3e); stage %d: %.2f GFLOP/s per "
+          "rank; sgemm (n=%zu, one thread) %.2f GFLOP/s: ratio %.3f (best of each: "
+          "%.3f)\n",
+          flops, flops / world, zero3_faster ? 3 : 0, flops_per_rank * 1e-9, s.gemm_n,
+          blas.median_rate() * 1e-9, flops_ratio, best_flops_ratio);
       // The same ratio in CPU time, which time slicing by other processes does not stretch:
       // a cross-check on a loaded machine (polling inside MPI counts as CPU time here).
       const double cpu_step = median((zero3_faster ? f3 : f0).cpu);
-      std::printf("in CPU time: %.4f s per step and rank (stage 0 %.4f, stage 3 %.4f), "
-                  "%.2f model GFLOP per CPU second; sgemm %.2f: ratio %.3f\n",
-                  cpu_step, median(f0.cpu), median(f3.cpu), flops / world / cpu_step * 1e-9,
-                  blas.median_cpu_rate() * 1e-9,
-                  flops / world / cpu_step / blas.median_cpu_rate());
+      std::printf(
+          "in CPU time: %.4f s per step and rank (stage 0 %.4f, stage 3 %.4f), "
+          "%.2f model GFLOP per CPU second; sgemm %.2f: ratio %.3f\n",
+          cpu_step, median(f0.cpu), median(f3.cpu), flops / world / cpu_step * 1e-9,
+          blas.median_cpu_rate() * 1e-9, flops / world / cpu_step / blas.median_cpu_rate());
 
       std::printf("METRIC zero3_step_ratio_vs_ddp %.4f\n", step3 / step0);
       for (const stage_figures* f : {&f1, &f2, &f3}) {

@@ -140,7 +140,8 @@ std::optional<flags> parse(int argc, char** argv) {
       f.moe = true;
       continue;
     }
-    if (i + 1 >= argc) throw std::invalid_argument("train_gpt: " + std::string(a) + " needs a value");
+    if (i + 1 >= argc)
+      throw std::invalid_argument("train_gpt: " + std::string(a) + " needs a value");
     const std::string_view v = argv[++i];
     if (a == "--zero") f.zero = parse_number<int>(a, v);
     else if (a == "--steps") f.steps = parse_number<std::int64_t>(a, v);
@@ -169,7 +170,8 @@ std::optional<flags> parse(int argc, char** argv) {
     else if (a == "--capacity-factor") f.capacity_factor = parse_number<double>(a, v);
     else if (a == "--aux-weight") f.aux_weight = parse_number<double>(a, v);
     else if (a == "--ep") f.ep = parse_number<int>(a, v);
-    else throw std::invalid_argument("train_gpt: unknown option " + std::string(a) + " (see --help)");
+    else
+      throw std::invalid_argument("train_gpt: unknown option " + std::string(a) + " (see --help)");
   }
   if (f.zero < 0 || f.zero > 3) throw std::invalid_argument("train_gpt: --zero takes 0, 1, 2 or 3");
   if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16") {
@@ -184,7 +186,8 @@ std::optional<flags> parse(int argc, char** argv) {
   if (f.top_k != 1 && f.top_k != 2) throw std::invalid_argument("train_gpt: --top-k takes 1 or 2");
   if (f.ep < 0) throw std::invalid_argument("train_gpt: --ep takes a positive number");
   if (f.steps < 0 || f.batch == 0 || f.context == 0 || f.width == 0 || f.layers == 0) {
-    throw std::invalid_argument("train_gpt: --steps, --batch, --context, --width and --layers must be positive");
+    throw std::invalid_argument(
+        "train_gpt: --steps, --batch, --context, --width and --layers must be positive");
   }
   return f;
 }
@@ -239,28 +242,30 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
     const auto info = zest::load_training_state(f.load, engine);
     if (info.metadata["config"] != config_json(f, data.vocab_size())) {
       // Same tensors (else load_training_state refused) but another batch or seed.
-      if (root) std::cout << "note: the checkpoint was trained with other settings: "
-                          << zest::json::dump(info.metadata["config"]) << '\n';
+      if (root)
+        std::cout << "note: the checkpoint was trained with other settings: "
+                  << zest::json::dump(info.metadata["config"]) << '\n';
     }
     step = info.step;
   }
 
-  const zest::warmup_cosine schedule{f.lr, f.min_lr, std::min(f.warmup, f.steps), std::max<std::int64_t>(f.steps, 1)};
+  const zest::warmup_cosine schedule{f.lr, f.min_lr, std::min(f.warmup, f.steps),
+                                     std::max<std::int64_t>(f.steps, 1)};
   zest::batch_sampler sampler(data.train(), f.batch, f.context, f.seed);
   const double entropy = data.unigram_entropy().nats;
 
-  const auto plan = zest::plan_zero<typename P::stage>(model.shape(), mesh,
-                                                      std::is_same_v<typename P::param_type, float>
-                                                          ? zest::fp32_adam
-                                                          : zest::mixed_precision_adam);
+  const auto plan = zest::plan_zero<typename P::stage>(
+      model.shape(), mesh,
+      std::is_same_v<typename P::param_type, float> ? zest::fp32_adam : zest::mixed_precision_adam);
   if (root && !f.quiet) {
     std::cout << "train_gpt: " << zest::report::format_count(static_cast<double>(params))
               << " parameters, " << f.layers << " layers, width " << f.width << ", vocab "
               << data.vocab_size() << " (padded " << go.vocab << "), ZeRO-" << f.zero << ", "
               << f.precision << ", " << mesh.describe() << ", batch " << f.batch << " x "
               << f.context << " tokens"
-              << (f.moe ? ", MoE " + std::to_string(f.experts) + " experts top-" + std::to_string(f.top_k) +
-                              " in " + std::to_string(model.moe_layer_count()) + " layers"
+              << (f.moe ? ", MoE " + std::to_string(f.experts) + " experts top-" +
+                              std::to_string(f.top_k) + " in " +
+                              std::to_string(model.moe_layer_count()) + " layers"
                         : std::string())
               << '\n';
     std::cout << "model states per rank: "
@@ -322,15 +327,18 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
     }
     log.add_step(zest::json::value(std::move(rec)));
     if (root && !f.quiet &&
-        (progress.on_terminal() || (step + 1) % f.print_every == 0 || step + 1 == f.steps || step == 0)) {
+        (progress.on_terminal() || (step + 1) % f.print_every == 0 || step + 1 == f.steps ||
+         step == 0)) {
       std::ostringstream line;
       line.precision(4);
       line << "loss " << r.loss << "  " << zest::report::format_count(tokens_per_step / r.seconds)
-           << " tok/s  states " << zest::report::format_bytes(static_cast<double>(model_state_bytes))
-           << "  peak " << zest::report::format_bytes(static_cast<double>(r.peak_bytes)) << "  sent "
+           << " tok/s  states "
+           << zest::report::format_bytes(static_cast<double>(model_state_bytes)) << "  peak "
+           << zest::report::format_bytes(static_cast<double>(r.peak_bytes)) << "  sent "
            << zest::report::format_bytes(static_cast<double>(r.traffic.bytes_sent())) << "/step";
       if (f.moe) {
-        const auto [lo, hi] = std::minmax_element(moe.tokens_per_expert.begin(), moe.tokens_per_expert.end());
+        const auto [lo, hi] =
+            std::minmax_element(moe.tokens_per_expert.begin(), moe.tokens_per_expert.end());
         line << "  aux " << moe.aux_loss << "  dropped " << 100 * moe.dropped_fraction
              << "%  experts max/min " << *hi << "/" << *lo << " tok";
       }
@@ -356,7 +364,8 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
       const std::size_t len = std::min(ids.size(), f.context);
       const std::span<const std::int32_t> window(ids.data() + ids.size() - len, len);
       using ids_t = zest::tensor<std::int32_t, mesh_t, "bt", token_layout>;
-      const auto in = ids_t::generate(mesh, {rows, len}, [&](const auto& i) { return window[i[1]]; });
+      const auto in =
+          ids_t::generate(mesh, {rows, len}, [&](const auto& i) { return window[i[1]]; });
       zest::autodiff::tape t;
       const auto logits = model.logits(t, in);
       engine.discard_forward();
@@ -365,7 +374,8 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
       // Temperature 0.8 over the real vocabulary; every rank draws the same character.
       std::vector<double> w(data.vocab_size());
       double top = -1e30;
-      for (std::size_t c = 0; c < w.size(); ++c) top = std::max(top, static_cast<double>(all[at + c]));
+      for (std::size_t c = 0; c < w.size(); ++c)
+        top = std::max(top, static_cast<double>(all[at + c]));
       for (std::size_t c = 0; c < w.size(); ++c) w[c] = std::exp((all[at + c] - top) / 0.8);
       std::discrete_distribution<int> pick(w.begin(), w.end());
       ids.push_back(pick(rng));
@@ -377,7 +387,8 @@ int train(const flags& f, const mesh_t& mesh, const zest::text_dataset& data) {
     if (!f.quiet) {
       std::cout << "final loss " << last_loss << " nats (unigram entropy " << entropy << "), "
                 << trained << " steps in " << zest::report::format_duration(seconds) << ", "
-                << zest::report::format_count(trained > 0 ? tokens_per_step * static_cast<double>(trained) / seconds : 0)
+                << zest::report::format_count(
+                       trained > 0 ? tokens_per_step * static_cast<double>(trained) / seconds : 0)
                 << " tok/s\n";
       if (!sample.empty()) std::cout << "sample:\n" << sample << "\n";
     }
@@ -445,8 +456,8 @@ int main(int argc, char** argv) {
       }
     }
     if (world % ep != 0) {
-      throw std::invalid_argument("train_gpt: --ep " + std::to_string(ep) + " does not divide the " +
-                                  std::to_string(world) + " ranks");
+      throw std::invalid_argument("train_gpt: --ep " + std::to_string(ep) +
+                                  " does not divide the " + std::to_string(world) + " ranks");
     }
     const mesh_t mesh(MPI_COMM_WORLD, {world / ep, ep});
     const auto data = f->corpus.empty() ? zest::text_dataset::from_path()

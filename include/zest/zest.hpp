@@ -11,9 +11,9 @@
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
-#include "zest/core/float16.hpp"
-#include "zest/core/fixed_string.hpp"
 #include "zest/core/files.hpp"
+#include "zest/core/fixed_string.hpp"
+#include "zest/core/float16.hpp"
 #include "zest/core/json.hpp"
 #include "zest/core/memory.hpp"
 
@@ -49,8 +49,8 @@
 
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/einsum_grad.hpp"
-#include "zest/autodiff/tape.hpp"
 #include "zest/autodiff/ops.hpp"
+#include "zest/autodiff/tape.hpp"
 
 #include "zest/moe/dispatch.hpp"
 #include "zest/moe/gating.hpp"

@@ -55,14 +55,12 @@ TEST_CASE("the cache stays within its limit") {
   const std::size_t limit = memory::cache_limit();
   const std::size_t n = memory::block_cache::min_block;
   memory::set_cache_limit(n * sizeof(float));
-  {
-    host_vector<float> a(n), b(n);
-  }
+  { host_vector<float> a(n), b(n); }
   CHECK(memory::cached_bytes() == n * sizeof(float));  // one kept, one freed
-  { host_vector<float> big(n + 16); }                   // a larger block fits no more...
+  { host_vector<float> big(n + 16); }                  // a larger block fits no more...
   CHECK(memory::cached_bytes() == n * sizeof(float));
   memory::set_cache_limit((n + 16) * sizeof(float));
-  { host_vector<float> big(n + 16); }                   // ...until the limit lets it in,
+  { host_vector<float> big(n + 16); }                         // ...until the limit lets it in,
   CHECK(memory::cached_bytes() == (n + 16) * sizeof(float));  // evicting the smaller one
   memory::set_cache_limit(0);
   CHECK(memory::cached_bytes() == 0);

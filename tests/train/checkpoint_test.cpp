@@ -28,7 +28,8 @@ std::filesystem::path shared_temp_dir(const char* tag) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   long id = static_cast<long>(::getpid());
   MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-  const auto dir = std::filesystem::temp_directory_path() / ("zest-train-" + std::string(tag) + "-" + std::to_string(id));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zest-train-" + std::string(tag) + "-" + std::to_string(id));
   if (rank == 0) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);

@@ -38,7 +38,8 @@ TEST_CASE("bfloat16 ZeRO-3: bytes, model states and losses") {
   std::vector<double> losses;
   for (std::int64_t k = 0; k < 20; ++k) {
     const auto [in, tg] = s.batch<"dp">(mesh, static_cast<std::size_t>(k));
-    const auto r = train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k));
+    const auto r =
+        train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k));
     losses.push_back(r.loss);
     if (k == 0) {
       // 3 Psi (N-1)/N elements of 2 bytes.

@@ -85,7 +85,7 @@ TEST_CASE("expert weights round-trip exactly when the expert axis changes size")
   MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
   const auto dir = std::filesystem::temp_directory_path() / ("zest-moe-ckpt-" + std::to_string(id));
   const auto meshes = ep_meshes();
-  const ep_mesh& saving = meshes.back();   // the most expert-parallel shape
+  const ep_mesh& saving = meshes.back();    // the most expert-parallel shape
   const ep_mesh& loading = meshes.front();  // the least
   using P = moe_policy<ep_mesh, 3>;
   std::map<std::string, std::vector<float>> saved;

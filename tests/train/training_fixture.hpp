@@ -38,9 +38,13 @@ inline const text_dataset& corpus() {
   static const text_dataset d = text_dataset::from_path();
   return d;
 }
-inline batch_sampler sampler() { return batch_sampler(corpus().train(), small_batch, small_gpt().context, 7); }
+inline batch_sampler sampler() {
+  return batch_sampler(corpus().train(), small_batch, small_gpt().context, 7);
+}
 
-inline double learning_rate(std::int64_t step) { return 2e-3 * (1.0 + 0.1 * static_cast<double>(step % 3)); }
+inline double learning_rate(std::int64_t step) {
+  return 2e-3 * (1.0 + 0.1 * static_cast<double>(step % 3));
+}
 
 inline world_mesh make_world_mesh() {
   int n = 1;
@@ -65,7 +69,8 @@ std::vector<double> train_steps(zero_engine<P>& engine, const Model& model, std:
   std::vector<double> losses;
   for (std::int64_t k = first; k < first + steps; ++k) {
     const auto [in, tg] = s.template batch<TokenLayout>(engine.mesh(), static_cast<std::size_t>(k));
-    losses.push_back(train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k)).loss);
+    losses.push_back(
+        train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k)).loss);
   }
   return losses;
 }

@@ -18,10 +18,10 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <unordered_map>
-#include <vector>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace zest::memory {
 

@@ -35,7 +35,8 @@ class causal_self_attention {
   template <sharded_tensor X>
   auto operator()(const autodiff::variable<X>& x) const {
     using T = typename X::value_type;
-    auto q = autodiff::scale(q_(x), static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
+    auto q =
+        autodiff::scale(q_(x), static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
     auto k = relabel<"bnsd">(k_(x));
     auto v = relabel<"bnsd">(v_(x));
     auto scores = autodiff::einsum<"bntd,bnsd->bnts">(q, k);

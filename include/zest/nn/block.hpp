@@ -9,13 +9,13 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include "zest/autodiff/ops.hpp"
+#include "zest/moe/moe_layer.hpp"
 #include "zest/nn/attention.hpp"
 #include "zest/nn/layer_norm.hpp"
-#include "zest/moe/moe_layer.hpp"
 #include "zest/nn/mlp.hpp"
 #include "zest/zero/engine.hpp"
 
@@ -54,8 +54,9 @@ class transformer_block {
         moe_.emplace(engine, name + ".moe", o.width, o.hidden, o.experts, o.gating, true, true,
                      o.residual_std);
       } else {
-        throw shape_error(detail::message("zest transformer_block '", name,
-                                          "': a mixture of experts needs a mesh axis named \"ep\""));
+        throw shape_error(
+            detail::message("zest transformer_block '", name,
+                            "': a mixture of experts needs a mesh axis named \"ep\""));
       }
     } else {
       mlp_.emplace(engine, name + ".mlp", o.width, o.hidden, o.residual_std);

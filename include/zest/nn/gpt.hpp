@@ -97,8 +97,8 @@ class gpt {
     auto x = [&] {
       auto in_scope = engine_->use(t, embed_group_);
       using pos_t = basic_tensor<std::int32_t, mesh_t, "t", replicated_layout(mesh_t::axis_count)>;
-      const auto positions =
-          pos_t::generate(ids.mesh(), {time}, [](const auto& i) { return static_cast<std::int32_t>(i[0]); });
+      const auto positions = pos_t::generate(
+          ids.mesh(), {time}, [](const auto& i) { return static_cast<std::int32_t>(i[0]); });
       auto tok = wte_.template lookup<"btm">(ids);
       auto pos = wpe_.template lookup<"tm">(positions);
       return autodiff::broadcast_add(tok, pos);
@@ -113,7 +113,8 @@ class gpt {
   // Mean cross-entropy of predicting `targets` from `inputs` (plus the weighted auxiliary
   // losses of the expert layers): a scalar, partial over the axes that split the batch.
   template <sharded_tensor Ids, sharded_tensor Targets>
-  auto loss(autodiff::tape& t, const Ids& inputs, const Targets& targets, std::uint64_t seed = 0) const {
+  auto loss(autodiff::tape& t, const Ids& inputs, const Targets& targets,
+            std::uint64_t seed = 0) const {
     auto nll = autodiff::cross_entropy<'v'>(logits(t, inputs, seed), targets);
     if constexpr (detail::has_expert_axis<mesh_t>) {
       if (options_.moe) {
@@ -124,10 +125,12 @@ class gpt {
           if (!b->is_moe()) continue;
           const auto& layer = b->expert_layer();
           if (options_.aux_weight != 0) {
-            total = total + autodiff::scale(layer.aux_loss(), static_cast<float>(options_.aux_weight / layers));
+            total = total + autodiff::scale(layer.aux_loss(),
+                                            static_cast<float>(options_.aux_weight / layers));
           }
           if (options_.z_loss_weight != 0) {
-            total = total + autodiff::scale(layer.z_loss(), static_cast<float>(options_.z_loss_weight / layers));
+            total = total + autodiff::scale(layer.z_loss(),
+                                            static_cast<float>(options_.z_loss_weight / layers));
           }
         }
         return total;
@@ -144,10 +147,10 @@ class gpt {
 
   // What the expert layers did in the last forward, summed over all ranks (collective).
   struct moe_report {
-    double nll = 0;            // the cross-entropy alone
-    double aux_loss = 0;       // mean over the expert layers
+    double nll = 0;       // the cross-entropy alone
+    double aux_loss = 0;  // mean over the expert layers
     double z_loss = 0;
-    double dropped_fraction = 0;              // of all assignments, over all layers
+    double dropped_fraction = 0;                  // of all assignments, over all layers
     std::vector<std::int64_t> tokens_per_expert;  // top-1, summed over layers
   };
   moe_report last_moe_report() const {
@@ -162,15 +165,19 @@ class gpt {
         r.aux_loss += engine_->scalar_value(layer.aux_loss().value()) / layers;
         r.z_loss += engine_->scalar_value(layer.z_loss().value()) / layers;
         const auto& s = layer.stats();
-        for (std::size_t e = 0; e < options_.experts; ++e) counts[e] += static_cast<double>(s.tokens_per_expert[e]);
+        for (std::size_t e = 0; e < options_.experts; ++e)
+          counts[e] += static_cast<double>(s.tokens_per_expert[e]);
         counts[options_.experts] += static_cast<double>(s.dropped);
         counts[options_.experts + 1] += static_cast<double>(s.assignments);
       }
       // The batch is split over every axis (each token on one rank): a plain sum.
       engine_->mesh().world().all_reduce(std::span<double>(counts), reduce_op::sum);
       r.tokens_per_expert.resize(options_.experts);
-      for (std::size_t e = 0; e < options_.experts; ++e) r.tokens_per_expert[e] = std::llround(counts[e]);
-      r.dropped_fraction = counts[options_.experts + 1] > 0 ? counts[options_.experts] / counts[options_.experts + 1] : 0;
+      for (std::size_t e = 0; e < options_.experts; ++e)
+        r.tokens_per_expert[e] = std::llround(counts[e]);
+      r.dropped_fraction = counts[options_.experts + 1] > 0
+                               ? counts[options_.experts] / counts[options_.experts + 1]
+                               : 0;
     }
     return r;
   }

@@ -25,8 +25,8 @@
 
 namespace zest {
 
-template <training_policy_type P, fixed_string Spec, fixed_string WDims,
-          fixed_string BDims = "", class WBase = layout<>, class BBase = layout<>>
+template <training_policy_type P, fixed_string Spec, fixed_string WDims, fixed_string BDims = "",
+          class WBase = layout<>, class BBase = layout<>>
 class linear {
  public:
   static constexpr bool has_bias = BDims.size() > 0;

@@ -255,14 +255,13 @@ class parameter final : public detail::parameter_slot<P> {
   using typename detail::parameter_slot<P>::param_type;
   using typename detail::parameter_slot<P>::grad_type;
   static constexpr fixed_string dims = Dims;
-  static constexpr zero_layouts layouts{
-      detail::on_data_axis(base, z.stored, data),
-      base,
-      autodiff::dual(base),
-      detail::on_data_axis(base, z.kept_gradient, data),
-      detail::on_data_axis(base, z.gradient_buffer, data),
-      detail::on_data_axis(base, z.optimizer_state, data),
-      detail::on_data_axis(base, z.master, data)};
+  static constexpr zero_layouts layouts{detail::on_data_axis(base, z.stored, data),
+                                        base,
+                                        autodiff::dual(base),
+                                        detail::on_data_axis(base, z.kept_gradient, data),
+                                        detail::on_data_axis(base, z.gradient_buffer, data),
+                                        detail::on_data_axis(base, z.optimizer_state, data),
+                                        detail::on_data_axis(base, z.master, data)};
   static constexpr layout_value reduced_gradient =
       detail::reduce_other_axes(layouts.gradient, layouts.kept_gradient, data);
 
@@ -297,9 +296,8 @@ class parameter final : public detail::parameter_slot<P> {
       return static_cast<param_type>(static_cast<float>(value(i)));
     });
     if constexpr (P::has_master) {
-      master_.emplace(state_tensor::generate(*mesh_, extents, [&](const extents_type& i) {
-        return static_cast<float>(value(i));
-      }));
+      master_.emplace(state_tensor::generate(
+          *mesh_, extents, [&](const extents_type& i) { return static_cast<float>(value(i)); }));
     }
     // The split over the data axis of the compute block.
     compute_tensor probe_shape_only(*mesh_, extents, compute_tensor::uninitialized);
@@ -397,7 +395,8 @@ class parameter final : public detail::parameter_slot<P> {
     detail::copy_rows_out(grad_->local().data(), split_, split_.block(r), out);
   }
   void gradient_whole(grad_type* out) const override {
-    detail::convert(std::span<const float>(grad_->local()), std::span<grad_type>(out, grad_->local_count()));
+    detail::convert(std::span<const float>(grad_->local()),
+                    std::span<grad_type>(out, grad_->local_count()));
   }
   void drop_gradient() override { grad_.reset(); }
   void release_step_buffers() override {

@@ -21,8 +21,8 @@ namespace zest {
 struct train_step_result {
   double loss = 0;
   step_report report;
-  comm_stats traffic;          // over the mesh's axis communicators
-  comm_stats scalar_traffic;   // over the world communicator
+  comm_stats traffic;         // over the mesh's axis communicators
+  comm_stats scalar_traffic;  // over the world communicator
   double seconds = 0;
   std::int64_t peak_bytes = 0;  // zest's live bytes at their highest during the step
 };

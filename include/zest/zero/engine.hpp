@@ -58,21 +58,21 @@
 namespace zest {
 
 struct zero_options {
-  std::uint64_t seed = 1;                     // parameter initialisation
-  std::size_t bucket_elements = 1U << 22;     // gradient collectives: at most this many
-  std::size_t max_live_groups = 2;            // gathered groups at once (stage 3), >= 1
-  bool prefetch = true;                       // gather the next group while this one computes
-  double max_grad_norm = 1.0;                 // <= 0: no clipping
+  std::uint64_t seed = 1;                  // parameter initialisation
+  std::size_t bucket_elements = 1U << 22;  // gradient collectives: at most this many
+  std::size_t max_live_groups = 2;         // gathered groups at once (stage 3), >= 1
+  bool prefetch = true;                    // gather the next group while this one computes
+  double max_grad_norm = 1.0;              // <= 0: no clipping
   adamw_config adam{};
-  float initial_loss_scale = 65536.0F;        // float16 policies
-  std::int64_t loss_scale_window = 200;       // good steps before the scale grows
+  float initial_loss_scale = 65536.0F;   // float16 policies
+  std::int64_t loss_scale_window = 200;  // good steps before the scale grows
 };
 
 // What one optimizer step did.
 struct step_report {
-  bool applied = true;      // false: skipped (inf/nan gradients under loss scaling)
-  double grad_norm = 0;     // before clipping, unscaled
-  double clip = 1;          // the factor applied to the gradients
+  bool applied = true;   // false: skipped (inf/nan gradients under loss scaling)
+  double grad_norm = 0;  // before clipping, unscaled
+  double clip = 1;       // the factor applied to the gradients
   double lr = 0;
   float loss_scale = 1;
 };
@@ -171,8 +171,8 @@ class zero_engine {
   }
   // Gathered groups now, and the most at once since the last reset (stage 3's bound).
   std::size_t live_groups() const {
-    return static_cast<std::size_t>(std::count_if(groups_.begin(), groups_.end(),
-                                                  [](const group& g) { return g.live || g.gathering; }));
+    return static_cast<std::size_t>(std::count_if(
+        groups_.begin(), groups_.end(), [](const group& g) { return g.live || g.gathering; }));
   }
   std::size_t peak_live_groups() const { return peak_live_; }
 
@@ -204,7 +204,8 @@ class zero_engine {
   template <sharded_tensor L>
   void backward(const autodiff::variable<L>& loss) {
     if constexpr (P::loss_scaling) {
-      autodiff::backward(autodiff::scale(loss, static_cast<typename L::value_type>(scaler_.scale())));
+      autodiff::backward(
+          autodiff::scale(loss, static_cast<typename L::value_type>(scaler_.scale())));
     } else {
       autodiff::backward(loss);
     }
@@ -254,7 +255,8 @@ class zero_engine {
 
     if constexpr (P::loss_scaling) {
       bool bad = false;
-      for (slot* p : all) bad = bad || has_inf_or_nan(std::span<const grad_type>(p->kept_gradient()));
+      for (slot* p : all)
+        bad = bad || has_inf_or_nan(std::span<const grad_type>(p->kept_gradient()));
       const bool skip = any_rank(*mesh_, bad);
       if (!scaler_.update(skip)) {
         r.applied = false;
@@ -321,8 +323,8 @@ class zero_engine {
   void enter(autodiff::tape& t, std::size_t g) {
     group& gr = groups_.at(g);
     if (gr.in_scope) {
-      throw std::logic_error(detail::message("zest zero_engine: group '", gr.name,
-                                             "' entered twice in one step"));
+      throw std::logic_error(
+          detail::message("zest zero_engine: group '", gr.name, "' entered twice in one step"));
     }
     gr.in_scope = true;
     if constexpr (stage == 3) {
@@ -505,8 +507,8 @@ class zero_engine {
     for (std::size_t i = red->first; i < red->last; ++i) {
       auto buf = gr.params[i]->gradient_buffer();
       for (std::size_t k = 0; k < buf.size(); ++k) {
-        buf[k] = static_cast<grad_type>(static_cast<float>(buf[k]) +
-                                        static_cast<float>(result[at + k]));
+        buf[k] =
+            static_cast<grad_type>(static_cast<float>(buf[k]) + static_cast<float>(result[at + k]));
       }
       at += buf.size();
     }
@@ -533,7 +535,7 @@ class zero_engine {
       }
       host_vector<grad_type> recv(counts[me]);
       mesh_->axis(data).reduce_scatter(std::span<const grad_type>(send), std::span<grad_type>(recv),
-                                      std::span<const std::size_t>(counts), reduce_op::sum);
+                                       std::span<const std::size_t>(counts), reduce_op::sum);
       std::size_t at = 0;
       for (std::size_t i = first; i < last; ++i) {
         auto kept = gr.params[i]->kept_gradient_storage();
