@@ -467,6 +467,11 @@ int main(int argc, char** argv) {
     return train_with_precision<float>(*f, mesh, data);
   } catch (const std::exception& e) {
     std::cerr << "[rank " << rank << "] " << e.what() << '\n';
+    // An error that only this rank saw (a bad token id in its shard, a full disk) would
+    // leave the others waiting in a collective: take the whole job down.
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
 }
