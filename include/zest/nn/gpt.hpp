@@ -158,26 +158,28 @@ class gpt {
     if constexpr (detail::has_expert_axis<mesh_t>) {
       r.nll = last_nll_;
       const double layers = static_cast<double>(std::max<std::size_t>(moe_layer_count(), 1));
-      std::vector<double> counts(options_.experts + 2, 0.0);
+      // Per expert, then dropped, assignments, aux and z: one reduction for all. The aux and
+      // z scalars are pending sums on every axis, so each rank adds its part.
+      const std::size_t E = options_.experts;
+      std::vector<double> counts(E + 4, 0.0);
       for (const auto& b : blocks_) {
         if (!b->is_moe()) continue;
         const auto& layer = b->expert_layer();
-        r.aux_loss += engine_->scalar_value(layer.aux_loss().value()) / layers;
-        r.z_loss += engine_->scalar_value(layer.z_loss().value()) / layers;
+        counts[E + 2] += static_cast<double>(layer.aux_loss().value().local()[0]) / layers;
+        counts[E + 3] += static_cast<double>(layer.z_loss().value().local()[0]) / layers;
         const auto& s = layer.stats();
-        for (std::size_t e = 0; e < options_.experts; ++e)
+        for (std::size_t e = 0; e < E; ++e)
           counts[e] += static_cast<double>(s.tokens_per_expert[e]);
-        counts[options_.experts] += static_cast<double>(s.dropped);
-        counts[options_.experts + 1] += static_cast<double>(s.assignments);
+        counts[E] += static_cast<double>(s.dropped);
+        counts[E + 1] += static_cast<double>(s.assignments);
       }
       // The batch is split over every axis (each token on one rank): a plain sum.
       engine_->mesh().world().all_reduce(std::span<double>(counts), reduce_op::sum);
-      r.tokens_per_expert.resize(options_.experts);
-      for (std::size_t e = 0; e < options_.experts; ++e)
-        r.tokens_per_expert[e] = std::llround(counts[e]);
-      r.dropped_fraction = counts[options_.experts + 1] > 0
-                               ? counts[options_.experts] / counts[options_.experts + 1]
-                               : 0;
+      r.tokens_per_expert.resize(E);
+      for (std::size_t e = 0; e < E; ++e) r.tokens_per_expert[e] = std::llround(counts[e]);
+      r.dropped_fraction = counts[E + 1] > 0 ? counts[E] / counts[E + 1] : 0;
+      r.aux_loss = counts[E + 2];
+      r.z_loss = counts[E + 3];
     }
     return r;
   }

@@ -201,6 +201,8 @@ class parameter_slot {
   virtual void take_gradient() = 0;
   virtual void gradient_block(std::size_t r, grad_type* out) const = 0;  // rows block(r)
   virtual void gradient_whole(grad_type* out) const = 0;
+  // Stage 1: adds the whole gradient into the (partial) gradient buffer.
+  virtual void add_gradient_to_buffer() = 0;
   virtual void drop_gradient() = 0;
 
   // Persistent gradient buffer (gradient_buffer layout) and the kept gradient (what the
@@ -300,14 +302,14 @@ class parameter final : public detail::parameter_slot<P> {
           *mesh_, extents, [&](const extents_type& i) { return static_cast<float>(value(i)); }));
     }
     // The split over the data axis of the compute block.
-    compute_tensor probe_shape_only(*mesh_, extents, compute_tensor::uninitialized);
     const std::size_t k = Dims.find(split_dim);
-    const auto& local = probe_shape_only.local_extents();
     for (std::size_t i = 0; i < Dims.size(); ++i) {
-      if (i < k) split_.outer *= local[i];
-      if (i > k) split_.inner *= local[i];
+      const std::size_t local =
+          dim_range(layouts.compute, Dims[i], extents[i], mesh_->sizes(), mesh_->coords()).size;
+      if (i < k) split_.outer *= local;
+      if (i == k) split_.extent = local;
+      if (i > k) split_.inner *= local;
     }
-    split_.extent = local[k];
     split_.parts = static_cast<std::size_t>(mesh_->size(data));
     engine.add(*this);
   }
@@ -397,6 +399,13 @@ class parameter final : public detail::parameter_slot<P> {
   void gradient_whole(grad_type* out) const override {
     detail::convert(std::span<const float>(grad_->local()),
                     std::span<grad_type>(out, grad_->local_count()));
+  }
+  void add_gradient_to_buffer() override {
+    const auto g = std::as_const(*grad_).local();
+    auto b = buffer_.local();
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      b[i] = static_cast<grad_type>(static_cast<float>(b[i]) + g[i]);
+    }
   }
   void drop_gradient() override { grad_.reset(); }
   void release_step_buffers() override {

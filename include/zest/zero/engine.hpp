@@ -266,17 +266,13 @@ class zero_engine {
       }
     }
 
-    double local = 0;
+    std::vector<norm_term> terms;
+    terms.reserve(all.size());
     for (slot* p : all) {
-      if (!p->kept_gradient_counted()) continue;
-      for (grad_type g : p->kept_gradient()) {
-        const double v = static_cast<float>(g);
-        local += v * v;
-      }
+      terms.push_back({std::span<const grad_type>(p->kept_gradient()), p->kept_gradient_counted()});
     }
-    double total = local;
-    mesh_->world().all_reduce(std::span<double>(&total, 1), reduce_op::sum);
-    r.grad_norm = std::sqrt(total) / static_cast<double>(r.loss_scale);
+    r.grad_norm =
+        global_norm(*mesh_, std::span<const norm_term>(terms)) / static_cast<double>(r.loss_scale);
     r.clip = clip_coefficient(r.grad_norm, options_.max_grad_norm);
 
     ++steps_;
@@ -365,14 +361,7 @@ class zero_engine {
     gr.live = false;
     if constexpr (stage == 1) {
       // Accumulated into the full-size buffer, reduced at the step.
-      for (slot* p : gr.params) {
-        auto buf = p->gradient_buffer();
-        tmp_.resize(buf.size());
-        p->gradient_whole(tmp_.data());
-        for (std::size_t i = 0; i < buf.size(); ++i)
-          buf[i] = static_cast<grad_type>(static_cast<float>(buf[i]) + static_cast<float>(tmp_[i]));
-      }
-      memory::release(tmp_);
+      for (slot* p : gr.params) p->add_gradient_to_buffer();
     } else {
       for (const auto& [first, last] : buckets_of(gr)) start_reduction(g, first, last);
     }
@@ -384,9 +373,12 @@ class zero_engine {
   }
 
   // ----- stage 3 gathers -----------------------------------------------------------------
-  void start_gather(std::size_t g) {
+  // A prefetch (needed_now false) waits for room under max_live_groups; a group needed now
+  // is gathered regardless.
+  void start_gather(std::size_t g, bool needed_now = false) {
     group& gr = groups_[g];
-    if (gr.gathering || gr.live || live_groups() >= options_.max_live_groups) return;
+    if (gr.gathering || gr.live) return;
+    if (!needed_now && live_groups() >= options_.max_live_groups) return;
     const std::size_t n = gr.params.empty() ? 1 : gr.params.front()->split().parts;
     gr.counts.assign(n, 0);
     std::size_t mine = 0;
@@ -415,13 +407,7 @@ class zero_engine {
   void materialise(std::size_t g) {
     group& gr = groups_[g];
     if (gr.live) return;
-    if (!gr.gathering) {
-      // Room for this one: it is needed now.
-      const std::size_t keep = options_.max_live_groups;
-      options_.max_live_groups = std::numeric_limits<std::size_t>::max();
-      start_gather(g);
-      options_.max_live_groups = keep;
-    }
+    if (!gr.gathering) start_gather(g, /*needed_now=*/true);
     gr.gather.wait();
     gr.gathering = false;
     for (slot* p : gr.params) p->allocate_compute();
@@ -588,7 +574,6 @@ class zero_engine {
   std::vector<group> groups_;
   bool open_ = false;
   std::deque<std::unique_ptr<reduction>> pending_;
-  host_vector<grad_type> tmp_;
   std::size_t peak_live_ = 0;
   std::int64_t steps_ = 0;
 };
