@@ -43,7 +43,10 @@ if(CUDAToolkit_FOUND AND TARGET CUDA::cublas AND ZEST_NCCL_INCLUDE_DIR AND ZEST_
     target_link_libraries(zest_cuda INTERFACE zest::zest CUDA::cudart CUDA::cublas zest::nccl)
     # C++20 for nvcc by flag: CMake before 3.28 or so knows no CUDA20 dialect flag for nvcc 13,
     # so CUDA_STANDARD 20 / cuda_std_20 fail at generate time there.
-    target_compile_options(zest_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+    # --expt-relaxed-constexpr: the loop bodies that kernels run (ZEST_HOST_DEVICE) call
+    # constexpr host functions: bfloat16/float16 conversions, splitmix64, std::min.
+    target_compile_options(zest_cuda INTERFACE
+      $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
   endif()
   set(ZEST_CUDA_READY TRUE)
   message(STATUS "zest: GPU targets for CUDA ${CUDAToolkit_VERSION}, architectures "

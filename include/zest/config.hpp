@@ -13,6 +13,20 @@
 #define ZEST_CUDA_COMPILER 0
 #endif
 
+// ZEST_HOST_DEVICE: a function that device code may call too (the bodies of the element and
+// row loops that every backend runs, zest/backend/backend.hpp). Plain C++ for host compilers.
+// ZEST_DEVICE_PASS: this is nvcc's device pass (code that must use the device's math).
+#if ZEST_CUDA_COMPILER
+#define ZEST_HOST_DEVICE __host__ __device__
+#else
+#define ZEST_HOST_DEVICE
+#endif
+#if defined(__CUDA_ARCH__)
+#define ZEST_DEVICE_PASS 1
+#else
+#define ZEST_DEVICE_PASS 0
+#endif
+
 // ZEST_HAS_BLAS: a CBLAS interface (OpenBLAS on Debian) is linked. The CMake target sets it
 // when BLAS is found; local contractions then call cblas_?gemm, otherwise Eigen's GEMM.
 #ifndef ZEST_HAS_BLAS

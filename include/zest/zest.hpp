@@ -9,6 +9,7 @@
 #include "zest/config.hpp"
 
 #include "zest/core/bfloat16.hpp"
+#include "zest/core/device_math.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/files.hpp"
@@ -36,6 +37,7 @@
 #include "zest/tensor/tensor.hpp"
 
 #include "zest/backend/backend.hpp"
+#include "zest/backend/emulated/emulated_backend.hpp"
 #include "zest/backend/host/contract.hpp"
 #include "zest/backend/host/host_backend.hpp"
 
@@ -61,6 +63,7 @@
 #include "zest/io/checkpoint.hpp"
 #include "zest/io/checksum.hpp"
 
+#include "zest/mesh/emulated_mesh.hpp"
 #include "zest/mesh/mesh_shape.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/stage.hpp"

@@ -10,6 +10,17 @@
 //   fill(p, n, value)         set n elements
 //   contract(views, out...)   local einsum of one or two operands (zest/backend/host/contract.hpp)
 //   to_host / from_host       staging for generate, from_global and to_global
+//   for_each(n, f)            f(i) for every i < n, in any order and in parallel: f is a
+//                             trivially copyable function object whose call operator is
+//                             ZEST_HOST_DEVICE (a CUDA kernel runs it on the GPU backend)
+//   sum(n, f)                 the sum over i < n of f(i), a double on the host (f as above)
+//   counters()                zest::memory::counters of the memory the buffers live in
+//
+// The element and row loops of autodiff, the optimizers, ZeRO's packing and MoE's index ops
+// are written once as such function objects. The host backend keeps its own vectorised
+// loops where it has them; every other backend runs the function objects. The emulated
+// backend (zest/backend/emulated/emulated_backend.hpp) runs them on the host, so the code
+// paths of the GPU are tested on machines without one.
 //
 // The host backend is the default: a mesh whose communicator does not name a backend
 // (`using backend_type = ...`) computes on the host.

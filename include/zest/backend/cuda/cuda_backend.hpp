@@ -26,6 +26,10 @@
 #include <cuda_runtime_api.h>
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
+#include <thrust/execution_policy.h>
+#include <thrust/functional.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/transform_reduce.h>
 #endif
 
 #include <algorithm>
@@ -260,6 +264,41 @@ __global__ void reduce_kernel(reduce_descriptor r, const S* src, D* dst, std::ui
   }
 }
 
+// f(i) for each i < n: the loop bodies of the generic code paths (backend.hpp's for_each).
+template <class F>
+__global__ void for_each_kernel(std::uint64_t n, F f) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
+    f(static_cast<std::size_t>(i));
+  }
+}
+
+// f(i) as a double, for thrust's transform_reduce.
+template <class F>
+struct as_double {
+  F f;
+  __host__ __device__ double operator()(std::uint64_t i) const {
+    return static_cast<double>(f(static_cast<std::size_t>(i)));
+  }
+};
+
+template <class F>
+void launch_for_each(std::size_t n, const F& f) {
+  if (n == 0) return;
+  for_each_kernel<F>
+      <<<blocks_for(n, threads_per_block), threads_per_block, 0, compute_stream()>>>(n, f);
+  ZEST_CUDA_CHECK(cudaGetLastError());
+}
+template <class F>
+double launch_sum(std::size_t n, const F& f) {
+  if (n == 0) return 0.0;
+  // Waits for the result (thrust returns it to the host).
+  return thrust::transform_reduce(thrust::cuda::par.on(compute_stream()),
+                                  thrust::counting_iterator<std::uint64_t>(0),
+                                  thrust::counting_iterator<std::uint64_t>(n), as_double<F>{f}, 0.0,
+                                  thrust::plus<double>());
+}
+
 template <class U>
 void launch_fill(U* p, std::uint64_t n, U value) {
   if (n == 0) return;
@@ -290,6 +329,23 @@ void launch_reduce(const reduce_descriptor& r, const S* src, D* dst, bool accumu
 }
 
 #else  // a host compiler: no kernels
+
+template <class F>
+void launch_for_each(std::size_t, const F&) {
+  static_assert(needs_nvcc<F>,
+                "zest cuda_backend: element and row loops on device tensors (autodiff "
+                "operations, optimizer steps, ZeRO packing, MoE routing) run CUDA kernels. "
+                "Fix: compile this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in "
+                "CMake).");
+}
+template <class F>
+double launch_sum(std::size_t, const F&) {
+  static_assert(needs_nvcc<F>,
+                "zest cuda_backend: sums over device tensors (losses, norms, overflow checks) "
+                "run CUDA kernels. Fix: compile this translation unit with nvcc (a .cu file, or "
+                "LANGUAGE CUDA in CMake).");
+  return 0.0;
+}
 
 template <class U>
 void launch_fill(U*, std::uint64_t, U) {
@@ -638,6 +694,18 @@ struct cuda_backend {
                        T* out, std::span<const std::size_t> out_extents) {
     cuda::contract<T>(operands, out_labels, out, out_extents);
   }
+
+  // f(i) for each i < n in a kernel on the compute stream (f: ZEST_HOST_DEVICE call operator).
+  template <class F>
+  static void for_each(std::size_t n, const F& f) {
+    cuda::detail::launch_for_each(n, f);
+  }
+  // The sum of f(i) over i < n, in double; waits for the compute stream's work so far.
+  template <class F>
+  static double sum(std::size_t n, const F& f) {
+    return cuda::detail::launch_sum(n, f);
+  }
+  static memory::counters& counters() { return memory::device_counters(); }
 
   template <class T>
   static buffer<T> from_host(std::span<const T> values) {

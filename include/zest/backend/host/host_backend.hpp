@@ -43,6 +43,18 @@ struct host_backend {
                        T* out, std::span<const std::size_t> out_extents) {
     host::contract<T>(operands, out_labels, out, out_extents);
   }
+  template <class F>
+  static void for_each(std::size_t n, const F& f) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+  }
+  template <class F>
+  static double sum(std::size_t n, const F& f) {
+    double total = 0;
+    for (std::size_t i = 0; i < n; ++i) total += static_cast<double>(f(i));
+    return total;
+  }
+  static memory::counters& counters() { return memory::host_counters(); }
+
   template <class T>
   static buffer<T> from_host(std::span<const T> values) {
     return buffer<T>(values.begin(), values.end());
