@@ -25,10 +25,13 @@
 // so a row is n elements `inner` apart. Contiguous rows (inner == 1, the usual case) run as
 // Eigen array expressions, vectorised exp and tanh included, with no allocation; they use
 // the vector width the compiler is allowed (-mavx2 -mfma or -march=native make exp and tanh
-// about four times faster than plain x86-64). Elementwise operations run on the host backend.
+// about four times faster than plain x86-64). That is the host backend; every other backend
+// (a GPU's, the emulated one that tests it) runs the same operations as the function objects
+// of zest/autodiff/kernels.hpp, one call per element, row or column ("Other backends" below).
 //
 // Run-time checks (extents, ids, targets, p) throw zest::shape_error. Ids and targets are
-// checked on the local shard, so with split ids only the ranks that hold a bad one throw.
+// checked on the local shard (copied to the host off the host backend), so with split ids
+// only the ranks that hold a bad one throw.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +51,7 @@
 #include <Eigen/Core>
 
 #include "zest/autodiff/dual.hpp"
+#include "zest/autodiff/kernels.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/config.hpp"
 #include "zest/core/error.hpp"
@@ -64,12 +68,6 @@ namespace zest::autodiff {
 // dims, which the compiler prints on the line above the message.
 
 namespace autodiff_error {
-template <fixed_string Operation, class Tensor>
-struct host_only {
-  static_assert(always_false<Tensor>,
-                "zest autodiff: this operation runs on the host backend only (operation and "
-                "tensor shown above). Fix: compute it on a host mesh.");
-};
 template <fixed_string Operation, class Tensor>
 struct not_floating {
   static_assert(always_false<Tensor>,
@@ -164,15 +162,9 @@ namespace detail {
 // ---------------------------------------------------------------------------------------
 // Compile-time checks, one diagnostic each.
 
-template <class T>
-inline constexpr bool is_real = std::is_same_v<T, float> || std::is_same_v<T, double>;
-
 template <fixed_string Op, class X>
 constexpr bool check_real_operand() {
-  if constexpr (!on_host<X>) {
-    (void)autodiff_error::host_only<Op, X>{};
-    return false;
-  } else if constexpr (!is_real<typename X::value_type>) {
+  if constexpr (!is_real<typename X::value_type>) {
     (void)autodiff_error::not_floating<Op, X>{};
     return false;
   } else {
@@ -180,7 +172,7 @@ constexpr bool check_real_operand() {
   }
 }
 
-// A real operand of a nonlinear operation: on the host, not partial.
+// A real operand of a nonlinear operation: not partial.
 template <fixed_string Op, class X>
 constexpr bool check_operand() {
   if constexpr (!check_real_operand<Op, X>()) {
@@ -527,6 +519,50 @@ void check_extents(const X& x, const Y& y, std::string_view x_name, std::string_
 
 template <class T>
 constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+
+// The walks above as the plain descriptors that kernels.hpp's function objects take.
+inline kernels::row_walk row_walk_of(const rows_along& r) { return {r.n, r.inner}; }
+inline kernels::causal_window causal_window_of(const causal_rows& c) {
+  kernels::causal_window w;
+  w.masked = true;
+  w.along_k = c.along_k;
+  w.in_outer = c.other.in_outer;
+  w.inner = c.other.inner;
+  w.div = c.other.div;
+  w.extent = c.other.extent;
+  w.other_offset = c.other_offset;
+  w.own_offset = c.own_offset;
+  w.n = c.rows.n;
+  return w;
+}
+inline kernels::broadcast_map broadcast_map_of(const broadcast_walk& w) {
+  kernels::broadcast_map m;
+  m.groups = w.groups;
+  std::size_t big = 1;
+  for (std::size_t g = w.groups; g-- > 0;) {
+    m.extent[g] = w.extent[g];
+    m.small_stride[g] = w.stride[g];
+    m.big_stride[g] = big;
+    big *= w.extent[g];
+    if (w.stride[g] == 0) m.absent_count *= w.extent[g];
+  }
+  return m;
+}
+template <std::size_t Rank>
+kernels::global_index global_index_of(const std::array<std::size_t, Rank>& global,
+                                      const std::array<std::size_t, Rank>& local,
+                                      const std::array<std::size_t, Rank>& offset) {
+  kernels::global_index g;
+  g.rank = Rank;
+  std::size_t stride = 1;
+  for (std::size_t k = Rank; k-- > 0;) {
+    g.local[k] = local[k];
+    g.offset[k] = offset[k];
+    g.stride[k] = stride;
+    stride *= global[k];
+  }
+  return g;
+}
 
 // ---------------------------------------------------------------------------------------
 // Kernels. A row is n elements `s` apart; [lo, hi) are the entries that take part (the rest
@@ -950,12 +986,345 @@ void apply_dropout(const In& in, Out& out, const dropout_mask& mask,
   using T = typename In::value_type;
   const T* pi = in.local().data();
   T* po = out.local().data();
-  for_each_global_run(in.extents(), in.local_extents(), in.local_offsets(),
-                      [&](std::size_t l, std::size_t g, std::size_t run) {
-                        for (std::size_t j = 0; j < run; ++j) {
-                          po[l + j] = pi[l + j] * (mask.keep(g + j) ? scale : T(0));
-                        }
-                      });
+  if constexpr (on_host<In>) {
+    for_each_global_run(in.extents(), in.local_extents(), in.local_offsets(),
+                        [&](std::size_t l, std::size_t g, std::size_t run) {
+                          for (std::size_t j = 0; j < run; ++j) {
+                            po[l + j] = pi[l + j] * (mask.keep(g + j) ? scale : T(0));
+                          }
+                        });
+  } else {
+    In::backend_type::for_each(
+        out.local_count(),
+        kernels::dropout_apply<T>{
+            pi, po, global_index_of(in.extents(), in.local_extents(), in.local_offsets()), mask.key,
+            mask.threshold, scale});
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Other backends: the operations below with kernels.hpp's function objects in place of the
+// host loops. Same layouts, checks and recorded steps; scratch (per-row statistics, picked
+// ids) in the backend's buffers; ids and targets are copied to the host to be checked.
+
+template <fixed_string Op, bool Multiply, sharded_tensor X, sharded_tensor Y>
+variable<X> generic_broadcast_apply(const variable<X>& x, const variable<Y>& y) {
+  using T = typename X::value_type;
+  using B = typename X::backend_type;
+  constexpr layout_value y_at = splits_of(X::layout, Y::dims.view());
+  using y_grad_t = typename relayout<Y, dual(y_at)>::type;
+  check_extents<Op>(x.value(), y.value(), "x", "y");
+  const X& xv = x.value();
+  constexpr bool moved = Y::layout != y_at;
+  decltype(auto) yu = at_layout<y_at>(y.value());
+  const kernels::broadcast_map map =
+      broadcast_map_of(walk_of(X::dims.view(), Y::dims.view(), xv.local_extents()));
+  X z(xv.mesh(), xv.extents(), X::uninitialized);
+  B::for_each(z.local_count(), kernels::broadcast_combine<T, Multiply>{
+                                   xv.local().data(), yu.local().data(), z.local().data(), map});
+  auto out = make_result(x.owner(), std::move(z), x.requires_grad() || y.requires_grad());
+  if (!out.requires_grad()) return out;
+  auto y_used = [&] {
+    if constexpr (Multiply && moved) {
+      return std::move(yu);
+    } else {
+      return 0;
+    }
+  }();
+  x.owner().record([xn = x.node(), yn = y.node(), on = out.node(), map,
+                    y_used = std::move(y_used)] {
+    if (!on->grad) return;
+    const T* dz = std::as_const(*on->grad).local().data();
+    if (xn->requires_grad) {
+      if constexpr (Multiply) {
+        dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+        const T* py = [&] {
+          if constexpr (moved) {
+            return y_used.local().data();
+          } else {
+            return std::as_const(yn->value).local().data();
+          }
+        }();
+        B::for_each(dx.local_count(),
+                    kernels::broadcast_combine<T, true>{dz, py, dx.local().data(), map});
+        xn->accumulate(std::move(dx));
+      } else {
+        xn->accumulate(dual_tensor<X>(*on->grad));
+      }
+    }
+    if (yn->requires_grad) {
+      y_grad_t dy(yn->value.mesh(), yn->value.extents(), y_grad_t::uninitialized);
+      const T* weight = Multiply ? std::as_const(xn->value).local().data() : nullptr;
+      B::for_each(dy.local_count(), kernels::broadcast_sum<T>{dz, weight, dy.local().data(), map});
+      yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(dy)));
+    }
+  });
+  return out;
+}
+
+template <sharded_tensor X>
+variable<X> generic_gelu(const variable<X>& x) {
+  using T = typename X::value_type;
+  using B = typename X::backend_type;
+  const X& xv = x.value();
+  X y(xv.mesh(), xv.extents(), X::uninitialized);
+  B::for_each(y.local_count(), kernels::gelu_forward<T>{xv.local().data(), y.local().data()});
+  auto out = make_result(x.owner(), std::move(y), x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node()] {
+      if (!on->grad) return;
+      dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+      B::for_each(
+          dx.local_count(),
+          kernels::gelu_backward<T>{std::as_const(xn->value).local().data(),
+                                    std::as_const(*on->grad).local().data(), dx.local().data()});
+      xn->accumulate(std::move(dx));
+    });
+  }
+  return out;
+}
+
+template <bool Log, char D, char Q, char K, sharded_tensor X>
+variable<X> generic_softmax_along(const variable<X>& x) {
+  using T = typename X::value_type;
+  using B = typename X::backend_type;
+  const X& xv = x.value();
+  X y(xv.mesh(), xv.extents(), X::uninitialized);
+  const rows_along rows = rows_of(xv.local_extents(), X::dim_index(D));
+  const kernels::row_walk walk = row_walk_of(rows);
+  kernels::causal_window window;
+  window.n = rows.n;
+  if constexpr (Q != 0) window = causal_window_of(causal_rows_of<D, Q, K>(xv));
+  B::for_each(rows.count(),
+              kernels::softmax_rows<T, Log>{xv.local().data(), y.local().data(), walk, window});
+  auto out = make_result(x.owner(), std::move(y), x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node(), count = rows.count(), walk] {
+      if (!on->grad) return;
+      dual_tensor<X> dx(on->value.mesh(), on->value.extents(), dual_tensor<X>::uninitialized);
+      B::for_each(count, kernels::softmax_backward_rows<T, Log>{
+                             std::as_const(on->value).local().data(),
+                             std::as_const(*on->grad).local().data(), dx.local().data(), walk});
+      xn->accumulate(std::move(dx));
+    });
+  }
+  return out;
+}
+
+template <char Q, char K, sharded_tensor X>
+variable<X> generic_causal_mask(const variable<X>& x) {
+  using T = typename X::value_type;
+  using B = typename X::backend_type;
+  const X& xv = x.value();
+  X y(xv.mesh(), xv.extents(), X::uninitialized);
+  const causal_rows causal = causal_rows_of<K, Q, K>(xv);
+  const kernels::row_walk walk = row_walk_of(causal.rows);
+  const kernels::causal_window window = causal_window_of(causal);
+  const std::size_t count = causal.rows.count();
+  B::for_each(count, kernels::causal_mask_rows<T>{xv.local().data(), y.local().data(), walk, window,
+                                                  minus_infinity<T>});
+  auto out = make_result(x.owner(), std::move(y), x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node(), count, walk, window] {
+      if (!on->grad) return;
+      dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+      B::for_each(count, kernels::causal_mask_rows<T>{std::as_const(*on->grad).local().data(),
+                                                      dx.local().data(), walk, window, T(0)});
+      xn->accumulate(std::move(dx));
+    });
+  }
+  return out;
+}
+
+template <char D, sharded_tensor X, sharded_tensor G>
+variable<X> generic_layer_norm(const variable<X>& x, const variable<G>& gamma,
+                               const variable<G>& beta, double eps) {
+  using T = typename X::value_type;
+  using B = typename X::backend_type;
+  constexpr layout_value whole = whole_layout<typename X::mesh_type>;
+  constexpr layout_value pending = dual(whole);  // sums over rows, pending on every axis
+  using param_grad_t = typename relayout<G, pending>::type;
+  check_extents<"layer_norm">(x.value(), gamma.value(), "x", "gamma");
+  check_extents<"layer_norm">(x.value(), beta.value(), "x", "beta");
+  const X& xv = x.value();
+  const auto& gv = at_layout<whole>(gamma.value());
+  const auto& bv = at_layout<whole>(beta.value());
+  const rows_along rows = rows_of(xv.local_extents(), X::dim_index(D));
+  const kernels::row_walk walk = row_walk_of(rows);
+  typename B::template buffer<T> row_mean(rows.count()), row_rstd(rows.count());
+  X y(xv.mesh(), xv.extents(), X::uninitialized);
+  B::for_each(rows.count(),
+              kernels::layer_norm_rows<T>{xv.local().data(), gv.local().data(), bv.local().data(),
+                                          y.local().data(), row_mean.data(), row_rstd.data(), walk,
+                                          static_cast<T>(eps)});
+  const bool params = gamma.requires_grad() || beta.requires_grad();
+  auto out = make_result(x.owner(), std::move(y), x.requires_grad() || params);
+  if (!out.requires_grad()) return out;
+  x.owner().record([xn = x.node(), gn = gamma.node(), bn = beta.node(), on = out.node(), rows, walk,
+                    row_mean = std::move(row_mean), row_rstd = std::move(row_rstd)] {
+    if (!on->grad) return;
+    const T* px = std::as_const(xn->value).local().data();
+    const T* dz = std::as_const(*on->grad).local().data();
+    if (xn->requires_grad) {
+      const auto& gv = at_layout<whole_layout<typename X::mesh_type>>(gn->value);
+      dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+      B::for_each(rows.count(),
+                  kernels::layer_norm_backward_rows<T>{px, dz, gv.local().data(), row_mean.data(),
+                                                       row_rstd.data(), dx.local().data(), walk});
+      xn->accumulate(std::move(dx));
+    }
+    if (gn->requires_grad || bn->requires_grad) {
+      param_grad_t dgamma(gn->value.mesh(), gn->value.extents(), param_grad_t::uninitialized);
+      param_grad_t dbeta(bn->value.mesh(), bn->value.extents(), param_grad_t::uninitialized);
+      B::for_each(rows.n, kernels::layer_norm_parameter_grads<T>{
+                              px, dz, row_mean.data(), row_rstd.data(), dgamma.local().data(),
+                              dbeta.local().data(), walk, rows.count()});
+      if (gn->requires_grad) gn->accumulate(redistribute_to<dual(G::layout)>(std::move(dgamma)));
+      if (bn->requires_grad) bn->accumulate(redistribute_to<dual(G::layout)>(std::move(dbeta)));
+    }
+  });
+  return out;
+}
+
+template <fixed_string OutDims, sharded_tensor Ids, sharded_tensor Table>
+auto generic_embedding(const Ids& ids, const variable<Table>& table) {
+  using T = typename Table::value_type;
+  using B = typename Table::backend_type;
+  constexpr char feature = Table::dims[1];
+  constexpr layout_value table_at = release_axes(Table::layout, Ids::layout);
+  constexpr layout_value out_layout = embedding_layout(Ids::layout, table_at, feature);
+  using out_t = basic_tensor<T, typename Table::mesh_type, OutDims, out_layout>;
+  using grad_at_t = typename relayout<Table, dual(table_at)>::type;
+  const auto& tv = at_layout<table_at>(table.value());
+  const std::size_t rows = tv.extents()[0];
+  const std::size_t width = tv.local_extents()[1];
+  typename out_t::extents_type extents{};
+  for (std::size_t k = 0; k < Ids::rank; ++k) extents[k] = ids.extents()[k];
+  extents[Ids::rank] = tv.extents()[1];
+  out_t y(tv.mesh(), extents, out_t::uninitialized);
+  const auto checked = ids.local_to_host();
+  for (std::size_t p = 0; p < checked.size(); ++p) {
+    const std::int32_t id = checked[p];
+    if (id < 0 || static_cast<std::size_t>(id) >= rows)
+      bad_index<"embedding">(ids, p, id, rows, "id");
+  }
+  B::for_each(y.local_count(), kernels::embedding_gather<T>{tv.local().data(), ids.local().data(),
+                                                            y.local().data(), width});
+  auto out = make_result(table.owner(), std::move(y), table.requires_grad());
+  if (out.requires_grad()) {
+    table.owner().record([tn = table.node(), on = out.node(), picked = ids.storage(), width] {
+      if (!on->grad) return;
+      grad_at_t g(tn->value.mesh(), tn->value.extents());
+      B::for_each(width, kernels::embedding_scatter<T>{std::as_const(*on->grad).local().data(),
+                                                       picked.data(), g.local().data(),
+                                                       picked.size(), width});
+      tn->accumulate(redistribute_to<dual(Table::layout)>(std::move(g)));
+    });
+  }
+  return out;
+}
+
+template <char V, sharded_tensor L, sharded_tensor Targets>
+auto generic_cross_entropy(const variable<L>& logits, const Targets& targets) {
+  using T = typename L::value_type;
+  using B = typename L::backend_type;
+  constexpr layout_value targets_at = splits_of(L::layout, Targets::dims.view());
+  constexpr layout_value scalar_layout = scalar_sum_layout(L::layout);
+  using s_t = basic_tensor<T, typename L::mesh_type, no_dims, scalar_layout>;
+  const L& lv = logits.value();
+  check_extents<"cross_entropy">(lv, targets, "logits", "targets");
+  std::size_t count = 1;
+  for (std::size_t k = 0; k < L::rank; ++k) count *= k == L::dim_index(V) ? 1 : lv.extents()[k];
+  if (count == 0) {
+    throw shape_error(zest::detail::message("zest: cross_entropy: the logits \"", L::dims.view(),
+                                            "\" have no token positions to average over"));
+  }
+  const auto& tv = at_layout<targets_at>(targets);
+  const rows_along rows = rows_of(lv.local_extents(), L::dim_index(V));
+  const kernels::row_walk walk = row_walk_of(rows);
+  const auto checked = tv.local_to_host();
+  for (std::size_t row = 0; row < rows.count(); ++row) {
+    const std::int32_t target = checked[row];
+    if (target < 0 || static_cast<std::size_t>(target) >= rows.n) {
+      bad_index<"cross_entropy">(tv, row, target, rows.n, "target");
+    }
+  }
+  typename B::template buffer<T> lse(rows.count());
+  const T* px = lv.local().data();
+  B::for_each(rows.count(), kernels::log_sum_exp_rows<T>{px, lse.data(), walk});
+  const double total = B::sum(
+      rows.count(), kernels::cross_entropy_terms<T>{px, lse.data(), tv.local().data(), walk});
+  auto out = make_result(
+      logits.owner(), scalar_of<s_t>(lv.mesh(), static_cast<T>(total / static_cast<double>(count))),
+      logits.requires_grad());
+  if (out.requires_grad()) {
+    logits.owner().record([ln = logits.node(), on = out.node(), walk, count, lse = std::move(lse),
+                           picked = tv.storage()] {
+      if (!on->grad) return;
+      const T scale =
+          static_cast<T>(static_cast<double>(scalar_value(*on->grad)) / static_cast<double>(count));
+      dual_tensor<L> dx(ln->value.mesh(), ln->value.extents(), dual_tensor<L>::uninitialized);
+      B::for_each(dx.local_count(), kernels::cross_entropy_backward<T>{
+                                        std::as_const(ln->value).local().data(), lse.data(),
+                                        picked.data(), dx.local().data(), walk, scale});
+      ln->accumulate(std::move(dx));
+    });
+  }
+  return out;
+}
+
+template <fixed_string OutDims, sharded_tensor X>
+auto generic_reduce_sum(const variable<X>& x) {
+  using T = typename X::value_type;
+  using B = typename X::backend_type;
+  constexpr layout_value out_layout = summed_layout(X::layout, OutDims.view());
+  using out_t = basic_tensor<T, typename X::mesh_type, OutDims, out_layout>;
+  const X& xv = x.value();
+  typename out_t::extents_type extents{};
+  for (std::size_t k = 0; k < out_t::rank; ++k) extents[k] = xv.extent(OutDims[k]);
+  out_t y(xv.mesh(), extents, out_t::uninitialized);
+  const kernels::broadcast_map map =
+      broadcast_map_of(walk_of(X::dims.view(), OutDims.view(), xv.local_extents()));
+  B::for_each(y.local_count(),
+              kernels::broadcast_sum<T>{xv.local().data(), nullptr, y.local().data(), map});
+  auto out = make_result(x.owner(), std::move(y), x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node(), map] {
+      if (!on->grad) return;
+      dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+      B::for_each(dx.local_count(),
+                  kernels::broadcast_expand<T>{std::as_const(*on->grad).local().data(),
+                                               dx.local().data(), map});
+      xn->accumulate(std::move(dx));
+    });
+  }
+  return out;
+}
+
+template <sharded_tensor X>
+auto generic_mean(const variable<X>& x) {
+  using T = typename X::value_type;
+  using B = typename X::backend_type;
+  constexpr layout_value scalar_layout = scalar_sum_layout(X::layout);
+  using s_t = basic_tensor<T, typename X::mesh_type, no_dims, scalar_layout>;
+  const std::size_t count = x.value().size();
+  const auto local = x.value().local();
+  const double total = B::sum(local.size(), kernels::element<T>{local.data()});
+  auto out = make_result(
+      x.owner(),
+      scalar_of<s_t>(x.value().mesh(), static_cast<T>(total / static_cast<double>(count))),
+      x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node(), count] {
+      if (!on->grad) return;
+      dual_tensor<X> g(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+      const T seed =
+          static_cast<T>(static_cast<double>(scalar_value(*on->grad)) / static_cast<double>(count));
+      B::fill(g.local().data(), g.local_count(), seed);
+      xn->accumulate(std::move(g));
+    });
+  }
+  return out;
 }
 
 }  // namespace detail
@@ -971,6 +1340,8 @@ template <sharded_tensor X, sharded_tensor Y>
 auto broadcast_add(const variable<X>& x, const variable<Y>& y) {
   if constexpr (!detail::check_broadcast<"broadcast_add", X, Y>()) {
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_broadcast_apply<"broadcast_add", false>(x, y);
   } else {
     return detail::broadcast_apply<"broadcast_add", false>(x, y);
   }
@@ -982,6 +1353,8 @@ template <sharded_tensor X, sharded_tensor Y>
 auto broadcast_multiply(const variable<X>& x, const variable<Y>& y) {
   if constexpr (!detail::check_broadcast<"broadcast_multiply", X, Y>()) {
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_broadcast_apply<"broadcast_multiply", true>(x, y);
   } else {
     return detail::broadcast_apply<"broadcast_multiply", true>(x, y);
   }
@@ -995,6 +1368,8 @@ template <sharded_tensor X>
 auto gelu(const variable<X>& x) {
   if constexpr (!detail::check_operand<"gelu", X>()) {
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_gelu(x);
   } else {
     const X& xv = x.value();
     X y(xv.mesh(), xv.extents(), X::uninitialized);
@@ -1057,6 +1432,8 @@ auto softmax(const variable<X>& x) {
     return 0;
   } else if constexpr (!detail::check_whole_dim<"softmax", D, X>()) {
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_softmax_along<false, D, 0, 0>(x);
   } else {
     return detail::softmax_along<false, D, 0, 0>(x);
   }
@@ -1069,6 +1446,8 @@ auto log_softmax(const variable<X>& x) {
     return 0;
   } else if constexpr (!detail::check_whole_dim<"log_softmax", D, X>()) {
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_softmax_along<true, D, 0, 0>(x);
   } else {
     return detail::softmax_along<true, D, 0, 0>(x);
   }
@@ -1089,6 +1468,8 @@ auto causal_mask(const variable<X>& x) {
   } else if constexpr (Q == K) {
     (void)autodiff_error::causal_dims<Q, K, K, X>{};
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_causal_mask<Q, K>(x);
   } else {
     using T = typename X::value_type;
     const X& xv = x.value();
@@ -1132,6 +1513,8 @@ auto causal_softmax(const variable<X>& x) {
     return 0;
   } else if constexpr (!detail::check_whole_dim<"causal_softmax", D, X>()) {
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_softmax_along<false, D, Q, K>(x);
   } else {
     return detail::softmax_along<false, D, Q, K>(x);
   }
@@ -1154,6 +1537,8 @@ auto layer_norm(const variable<X>& x, const variable<G>& gamma, const variable<G
   } else if constexpr (G::rank != 1 || G::dims[0] != D) {
     (void)autodiff_error::norm_parameter<D, G>{};
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_layer_norm<D>(x, gamma, beta, eps);
   } else {
     using T = typename X::value_type;
     constexpr layout_value whole = detail::whole_layout<typename X::mesh_type>;
@@ -1243,6 +1628,8 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
   } else if constexpr (!detail::embedding_dims_ok<OutDims, Ids, Table>()) {
     (void)autodiff_error::embedding_dims<OutDims, Ids, Table>{};
     return 0;
+  } else if constexpr (!detail::on_host<Table>) {
+    return detail::generic_embedding<OutDims>(ids, table);
   } else {
     using T = typename Table::value_type;
     constexpr char feature = Table::dims[1];
@@ -1324,6 +1711,8 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
   } else if constexpr (!dims_match) {
     (void)autodiff_error::target_dims<V, L, Targets>{};
     return 0;
+  } else if constexpr (!detail::on_host<L>) {
+    return detail::generic_cross_entropy<V>(logits, targets);
   } else {
     using T = typename L::value_type;
     constexpr layout_value targets_at = detail::splits_of(L::layout, Targets::dims.view());
@@ -1392,6 +1781,8 @@ auto reduce_sum(const variable<X>& x) {
   } else if constexpr (!detail::is_subsequence(OutDims.view(), X::dims.view())) {
     (void)autodiff_error::reduce_dims<OutDims, X>{};
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_reduce_sum<OutDims>(x);
   } else {
     using T = typename X::value_type;
     constexpr layout_value out_layout = detail::summed_layout(X::layout, OutDims.view());
@@ -1432,6 +1823,8 @@ template <sharded_tensor X>
 auto mean(const variable<X>& x) {
   if constexpr (!detail::check_real_operand<"mean", X>()) {
     return 0;
+  } else if constexpr (!detail::on_host<X>) {
+    return detail::generic_mean(x);
   } else {
     using T = typename X::value_type;
     constexpr layout_value scalar_layout = detail::scalar_sum_layout(X::layout);

@@ -14,7 +14,8 @@
 // Linear operations (einsum, redistribute, add, sub, scale, sum) accept partial operands;
 // a product of two pending sums over one axis does not compile ("reduce first").
 //
-// Elementwise arithmetic runs on the host backend.
+// Elementwise arithmetic runs on every backend: the host backend's own loops, the function
+// objects of zest/autodiff/kernels.hpp elsewhere (float or double elements there).
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,7 @@
 
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/einsum_grad.hpp"
+#include "zest/autodiff/kernels.hpp"
 #include "zest/core/error.hpp"
 #include "zest/einsum/einsum.hpp"
 #include "zest/tensor/redistribute.hpp"
@@ -39,6 +41,14 @@ namespace zest::autodiff {
 class tape;
 
 namespace detail {
+
+// The host backend runs the loops below; every other backend the function objects of
+// kernels.hpp (Backend::for_each).
+template <class X>
+inline constexpr bool on_host = std::is_same_v<typename X::backend_type, host_backend>;
+
+template <class T>
+inline constexpr bool is_real = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 template <sharded_tensor X>
 struct node {
@@ -54,12 +64,14 @@ struct node {
     }
     auto out = grad->local();
     const auto in = std::as_const(g).local();
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] += in[i];
+    if constexpr (on_host<X>) {
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] += in[i];
+    } else {
+      using T = typename X::value_type;
+      X::backend_type::for_each(out.size(), kernels::add_into<T>{out.data(), in.data()});
+    }
   }
 };
-
-template <class X>
-inline constexpr bool on_host = std::is_same_v<typename X::backend_type, host_backend>;
 
 }  // namespace detail
 
@@ -220,20 +232,28 @@ constexpr bool check_elementwise() {
     (void)autodiff_error::elementwise_mismatch<X, Y>{};
     return false;
   } else {
-    static_assert(on_host<X>,
-                  "zest autodiff: elementwise operations run on the host backend for now");
+    static_assert(on_host<X> || is_real<typename X::value_type>,
+                  "zest autodiff: elementwise operations off the host backend need float or "
+                  "double elements. Fix: convert the tensors to float or double.");
     return true;
   }
 }
 
-// out[i] = f(a[i], b[i]) over local shards of one shape.
+// out[i] = f(a[i], b[i]) over local shards of one shape; f is one of kernels.hpp's
+// operations (plus, times, ...), which device code can call too.
 template <sharded_tensor Out, sharded_tensor A, sharded_tensor B, class F>
 Out combine(const A& a, const B& b, F f) {
   Out out(a.mesh(), a.extents(), Out::uninitialized);
   const auto pa = a.local();
   const auto pb = b.local();
   auto po = out.local();
-  for (std::size_t i = 0; i < po.size(); ++i) po[i] = f(pa[i], pb[i]);
+  if constexpr (on_host<Out>) {
+    for (std::size_t i = 0; i < po.size(); ++i) po[i] = f(pa[i], pb[i]);
+  } else {
+    using T = typename Out::value_type;
+    Out::backend_type::for_each(po.size(),
+                                kernels::combine<T, F>{pa.data(), pb.data(), po.data(), f});
+  }
   return out;
 }
 template <sharded_tensor Out, sharded_tensor A, class F>
@@ -241,8 +261,36 @@ Out transform(const A& a, F f) {
   Out out(a.mesh(), a.extents(), Out::uninitialized);
   const auto pa = a.local();
   auto po = out.local();
-  for (std::size_t i = 0; i < po.size(); ++i) po[i] = f(pa[i]);
+  if constexpr (on_host<Out>) {
+    for (std::size_t i = 0; i < po.size(); ++i) po[i] = f(pa[i]);
+  } else {
+    using T = typename Out::value_type;
+    Out::backend_type::for_each(po.size(), kernels::transform<T, F>{pa.data(), po.data(), f});
+  }
   return out;
+}
+
+// A scalar tensor whose local value on this rank is `value` (a partial summand on its
+// pending axes).
+template <sharded_tensor S>
+S scalar_of(const typename S::mesh_type& mesh, typename S::value_type value) {
+  using T = typename S::value_type;
+  if constexpr (on_host<S>) {
+    S s(mesh, {});
+    s.local()[0] = value;
+    return s;
+  } else {
+    return S(mesh, {}, S::backend_type::template from_host<T>(std::span<const T>(&value, 1)));
+  }
+}
+// The local value of a scalar tensor, on the host.
+template <sharded_tensor S>
+typename S::value_type scalar_value(const S& s) {
+  if constexpr (on_host<S>) {
+    return s.local()[0];
+  } else {
+    return s.local_to_host()[0];
+  }
 }
 
 template <sharded_tensor Y>
@@ -314,8 +362,8 @@ auto add_signed(const variable<X>& x, const variable<Y>& y) {
     constexpr layout_value meet = meeting_layout(X::layout, Y::layout);
     using z_t = typename relayout<X, meet>::type;
     using T = typename X::value_type;
-    auto z = combine<z_t>(as_layout<meet>(x.value()), as_layout<meet>(y.value()),
-                          [](T a, T b) { return Sign > 0 ? a + b : a - b; });
+    using op_t = std::conditional_t<(Sign > 0), kernels::plus<T>, kernels::minus<T>>;
+    auto z = combine<z_t>(as_layout<meet>(x.value()), as_layout<meet>(y.value()), op_t{});
     auto out = make_result(x.owner(), std::move(z), x.requires_grad() || y.requires_grad());
     if (out.requires_grad()) {
       x.owner().record([xn = x.node(), yn = y.node(), on = out.node()] {
@@ -325,7 +373,7 @@ auto add_signed(const variable<X>& x, const variable<Y>& y) {
           if constexpr (Sign > 0) {
             yn->accumulate(redistribute_to<dual(Y::layout)>(*on->grad));
           } else {
-            auto negated = transform<dual_tensor<z_t>>(*on->grad, [](T g) { return -g; });
+            auto negated = transform<dual_tensor<z_t>>(*on->grad, kernels::negate<T>{});
             yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(negated)));
           }
         }
@@ -356,15 +404,14 @@ auto operator-(const variable<X>& x, const variable<Y>& y) {
 // c * x: linear, any layout.
 template <sharded_tensor X>
 variable<X> scale(const variable<X>& x, typename X::value_type c) {
-  static_assert(detail::on_host<X>,
-                "zest autodiff: elementwise operations run on the host backend for now");
+  static_assert(detail::check_elementwise<X, X>());
   using T = typename X::value_type;
   auto out = detail::make_result(
-      x.owner(), detail::transform<X>(x.value(), [c](T v) { return c * v; }), x.requires_grad());
+      x.owner(), detail::transform<X>(x.value(), kernels::scale_by<T>{c}), x.requires_grad());
   if (out.requires_grad()) {
     x.owner().record([xn = x.node(), on = out.node(), c] {
       if (on->grad)
-        xn->accumulate(detail::transform<dual_tensor<X>>(*on->grad, [c](T g) { return c * g; }));
+        xn->accumulate(detail::transform<dual_tensor<X>>(*on->grad, kernels::scale_by<T>{c}));
     });
   }
   return out;
@@ -389,15 +436,14 @@ auto multiply(const variable<X>& x, const variable<Y>& y) {
     using z_t = typename detail::relayout<X, meet>::type;
     auto xu = detail::as_layout<x_at>(x.value());
     auto yu = detail::as_layout<y_at>(y.value());
-    auto out =
-        detail::make_result(x.owner(), detail::combine<z_t>(xu, yu, [](T a, T b) { return a * b; }),
-                            x.requires_grad() || y.requires_grad());
+    auto out = detail::make_result(x.owner(), detail::combine<z_t>(xu, yu, kernels::times<T>{}),
+                                   x.requires_grad() || y.requires_grad());
     if (out.requires_grad()) {
       // dz is dual(meet); times the other operand as used it is dual of this one's as used.
       x.owner().record(
           [xn = x.node(), yn = y.node(), on = out.node(), xu = std::move(xu), yu = std::move(yu)] {
             if (!on->grad) return;
-            const auto mul = [](T a, T b) { return a * b; };
+            const kernels::times<T> mul{};
             if (xn->requires_grad) {
               xn->accumulate(redistribute_to<dual(X::layout)>(
                   detail::combine<typename detail::relayout<X, x_grad>::type>(*on->grad, yu, mul)));
@@ -420,8 +466,7 @@ auto operator*(const variable<X>& x, const variable<Y>& y) {
 // it, replicated on the others. Its gradient fills x's gradient with the scalar's gradient.
 template <sharded_tensor X>
 auto sum(const variable<X>& x) {
-  static_assert(detail::on_host<X>,
-                "zest autodiff: elementwise operations run on the host backend for now");
+  static_assert(detail::check_elementwise<X, X>());
   using T = typename X::value_type;
   constexpr layout_value scalar_layout = [] {
     layout_value v = X::layout;
@@ -431,18 +476,28 @@ auto sum(const variable<X>& x) {
     return v;
   }();
   using s_t = basic_tensor<T, typename X::mesh_type, detail::no_dims, scalar_layout>;
-  s_t s(x.value().mesh(), {});
   T total{};
-  for (T v : x.value().local()) total += v;
-  s.local()[0] = total;
-  auto out = detail::make_result(x.owner(), std::move(s), x.requires_grad());
+  if constexpr (detail::on_host<X>) {
+    for (T v : x.value().local()) total += v;
+  } else {
+    const auto p = x.value().local();
+    total = static_cast<T>(X::backend_type::sum(p.size(), kernels::element<T>{p.data()}));
+  }
+  auto out = detail::make_result(x.owner(), detail::scalar_of<s_t>(x.value().mesh(), total),
+                                 x.requires_grad());
   if (out.requires_grad()) {
     x.owner().record([xn = x.node(), on = out.node()] {
       if (!on->grad) return;
-      dual_tensor<X> g(xn->value.mesh(), xn->value.extents());
-      const T seed = std::as_const(*on->grad).local()[0];
-      for (T& v : g.local()) v = seed;
-      xn->accumulate(std::move(g));
+      const T seed = detail::scalar_value(*on->grad);
+      if constexpr (detail::on_host<X>) {
+        dual_tensor<X> g(xn->value.mesh(), xn->value.extents());
+        for (T& v : g.local()) v = seed;
+        xn->accumulate(std::move(g));
+      } else {
+        dual_tensor<X> g(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+        X::backend_type::fill(g.local().data(), g.local_count(), seed);
+        xn->accumulate(std::move(g));
+      }
     });
   }
   return out;
