@@ -41,7 +41,9 @@
 //   (checkpoint_error, or shape_error for a misuse), with the failing rank's message.
 //
 // The folder must be visible to every rank (a shared file system across nodes). Records
-// are views: the tensors must outlive the call and keep their storage (a host backend).
+// are views: the tensors must outlive the call and keep their storage. A tensor of another
+// backend (device memory) is staged: its record views a host copy made when the record is,
+// and a load copies the block back into the tensor once every rank has read its part.
 #pragma once
 
 #include <fcntl.h>
@@ -57,6 +59,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -94,6 +97,10 @@ struct tensor_record {
   std::span<std::byte> bytes;
   // Made from a const tensor: it can be saved, not loaded into.
   bool read_only = false;
+  // A tensor outside host memory: `bytes` views `host_copy`, and after a load `write_back`
+  // copies it into the tensor (empty for host tensors, whose records view their shards).
+  std::shared_ptr<void> host_copy;
+  std::function<void()> write_back;
 };
 
 struct checkpoint_info {
@@ -111,9 +118,6 @@ namespace detail {
 
 template <sharded_tensor X>
 tensor_record make_record(std::string name, const X& tensor, std::span<std::byte> bytes) {
-  static_assert(std::is_same_v<typename X::backend_type, host_backend>,
-                "zest::io::record: checkpoints read and write host memory; copy a device "
-                "tensor to a host mesh's tensor first");
   using mesh_type = typename X::mesh_type;
   if (X::layout.any_partial()) {
     throw shape_error(zest::detail::message(
@@ -137,26 +141,53 @@ tensor_record make_record(std::string name, const X& tensor, std::span<std::byte
   return r;
 }
 
+// A host copy of a shard outside host memory, shared by the copies of its record.
+template <sharded_tensor X>
+std::shared_ptr<host_vector<typename X::value_type>> host_copy_of(const X& tensor) {
+  return std::make_shared<host_vector<typename X::value_type>>(tensor.local_to_host());
+}
 }  // namespace detail
 
 // The record of a tensor to save or load into (loading writes into its shard). Throws
 // shape_error for a layout that is partial on some axis.
 template <sharded_tensor X>
 tensor_record record(std::string name, X& tensor) {
-  return detail::make_record(std::move(name), std::as_const(tensor),
-                             std::as_writable_bytes(tensor.local()));
+  if constexpr (std::is_same_v<typename X::backend_type, host_backend>) {
+    return detail::make_record(std::move(name), std::as_const(tensor),
+                               std::as_writable_bytes(tensor.local()));
+  } else {
+    using T = typename X::value_type;
+    auto copy = detail::host_copy_of(tensor);
+    tensor_record r = detail::make_record(std::move(name), std::as_const(tensor),
+                                          std::as_writable_bytes(std::span<T>(*copy)));
+    r.write_back = [&tensor, copy] {
+      tensor.storage() = X::backend_type::template from_host<T>(std::span<const T>(*copy));
+    };
+    r.host_copy = std::move(copy);
+    return r;
+  }
 }
 
 // The record of a const tensor: for saving only (load_checkpoint refuses it).
 template <sharded_tensor X>
 tensor_record record(std::string name, const X& tensor) {
-  const std::span<const std::byte> view = std::as_bytes(tensor.local());
-  // Never written through: load_checkpoint refuses records marked read_only.
-  tensor_record r = detail::make_record(
-      std::move(name), tensor,
-      std::span<std::byte>(const_cast<std::byte*>(view.data()), view.size()));  // NOLINT
-  r.read_only = true;
-  return r;
+  if constexpr (!std::is_same_v<typename X::backend_type, host_backend>) {
+    using T = typename X::value_type;
+    auto copy = detail::host_copy_of(tensor);
+    tensor_record r =
+        detail::make_record(std::move(name), tensor, std::as_writable_bytes(std::span<T>(*copy)));
+    r.host_copy = std::move(copy);
+    r.read_only = true;
+    return r;
+  } else {
+    const std::span<const std::byte> view = std::as_bytes(tensor.local());
+    // Never written through: load_checkpoint refuses records marked read_only.
+    tensor_record r = detail::make_record(
+        std::move(name), tensor,
+        std::span<std::byte>(const_cast<std::byte*>(view.data()), view.size()));  // NOLINT
+    r.read_only = true;
+    return r;
+  }
 }
 
 // A temporary would be gone before the record is used.
@@ -1208,6 +1239,7 @@ checkpoint_info load_checkpoint(const std::filesystem::path& dir, const Mesh& me
     if (!tensors[i].bytes.empty()) {
       std::memcpy(tensors[i].bytes.data(), staging[i].get(), tensors[i].bytes.size());
     }
+    if (tensors[i].write_back) tensors[i].write_back();
   }
   return m.info;
 }

@@ -165,8 +165,8 @@ class gpt {
       for (const auto& b : blocks_) {
         if (!b->is_moe()) continue;
         const auto& layer = b->expert_layer();
-        counts[E + 2] += static_cast<double>(layer.aux_loss().value().local()[0]) / layers;
-        counts[E + 3] += static_cast<double>(layer.z_loss().value().local()[0]) / layers;
+        counts[E + 2] += static_cast<double>(layer.aux_loss().value().local_to_host()[0]) / layers;
+        counts[E + 3] += static_cast<double>(layer.z_loss().value().local_to_host()[0]) / layers;
         const auto& s = layer.stats();
         for (std::size_t e = 0; e < E; ++e)
           counts[e] += static_cast<double>(s.tokens_per_expert[e]);

@@ -35,6 +35,8 @@
 
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/tape.hpp"
+#include "zest/backend/backend.hpp"
+#include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
@@ -119,29 +121,112 @@ struct data_split {
   std::size_t total() const { return outer * extent * inner; }
 };
 
-// Copies the rows [rows.offset, +rows.size) of a [outer][extent][inner] array to or from a
-// dense [outer][rows.size][inner] block, converting element types.
+// Whether the element loops below take their plain host form (Eigen-free loops that the
+// compiler vectorises) or run as function objects on the backend (zest/backend/backend.hpp).
+template <class B>
+inline constexpr bool host_loops = std::is_same_v<B, host_backend>;
+
+// dst[o * dst_stride + k] = src[o * src_stride + k] for o < outer, k < run, converted
+// through float: the body of every copy between model states of different element types.
 template <class To, class From>
+struct convert_rows_fn {
+  const From* src;
+  To* dst;
+  std::size_t run, src_stride, dst_stride;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t o = i / run, k = i % run;
+    dst[o * dst_stride + k] = static_cast<To>(static_cast<float>(src[o * src_stride + k]));
+  }
+};
+// acc[i] = acc[i] + add[i], summed in float and rounded once to Acc.
+template <class Acc, class Add>
+struct accumulate_fn {
+  Acc* acc;
+  const Add* add;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    acc[i] = static_cast<Acc>(static_cast<float>(acc[i]) + static_cast<float>(add[i]));
+  }
+};
+
+// A [outer][run] walk with the given strides on backend B: a strided copy when the types
+// agree, a conversion loop otherwise.
+template <class B, class To, class From>
+void copy_converted(const From* src, std::size_t src_stride, To* dst, std::size_t dst_stride,
+                    std::size_t outer, std::size_t run) {
+  if (outer == 0 || run == 0) return;
+  if constexpr (std::is_same_v<To, From>) {
+    B::copy_slices(src, outer, src_stride, 0, dst, dst_stride, 0, run, 1);
+  } else {
+    B::for_each(outer * run, convert_rows_fn<To, From>{src, dst, run, src_stride, dst_stride});
+  }
+}
+
+// n elements from src to dst in B's memory (no conversion).
+template <class B, class T>
+void copy_elements(const T* src, std::size_t n, T* dst) {
+  if constexpr (host_loops<B>) {
+    std::copy_n(src, n, dst);
+  } else {
+    if (n != 0) B::copy_slices(src, 1, n, 0, dst, n, 0, n, 1);
+  }
+}
+
+// A buffer of B of n elements (contents unspecified), reusing `b` when it has that size.
+template <class B, class Buffer>
+void resize_buffer(Buffer& b, std::size_t n) {
+  if constexpr (host_loops<B>) {
+    b.resize(n);
+  } else {
+    if (b.size() != n) b = Buffer(n);
+  }
+}
+
+// Copies the rows [rows.offset, +rows.size) of a [outer][extent][inner] array to or from a
+// dense [outer][rows.size][inner] block, converting element types; pointers into B's memory.
+template <class B, class To, class From>
 void copy_rows_out(const From* whole, const data_split& s, block_range rows, To* block) {
   const std::size_t run = rows.size * s.inner;
-  for (std::size_t o = 0; o < s.outer; ++o) {
-    const From* src = whole + (o * s.extent + rows.offset) * s.inner;
-    To* dst = block + o * run;
-    for (std::size_t i = 0; i < run; ++i) dst[i] = static_cast<To>(static_cast<float>(src[i]));
+  if constexpr (host_loops<B>) {
+    for (std::size_t o = 0; o < s.outer; ++o) {
+      const From* src = whole + (o * s.extent + rows.offset) * s.inner;
+      To* dst = block + o * run;
+      for (std::size_t i = 0; i < run; ++i) dst[i] = static_cast<To>(static_cast<float>(src[i]));
+    }
+  } else {
+    copy_converted<B>(whole + rows.offset * s.inner, s.extent * s.inner, block, run, s.outer, run);
   }
 }
-template <class To, class From>
+template <class B, class To, class From>
 void copy_rows_in(const From* block, const data_split& s, block_range rows, To* whole) {
   const std::size_t run = rows.size * s.inner;
-  for (std::size_t o = 0; o < s.outer; ++o) {
-    const From* src = block + o * run;
-    To* dst = whole + (o * s.extent + rows.offset) * s.inner;
-    for (std::size_t i = 0; i < run; ++i) dst[i] = static_cast<To>(static_cast<float>(src[i]));
+  if constexpr (host_loops<B>) {
+    for (std::size_t o = 0; o < s.outer; ++o) {
+      const From* src = block + o * run;
+      To* dst = whole + (o * s.extent + rows.offset) * s.inner;
+      for (std::size_t i = 0; i < run; ++i) dst[i] = static_cast<To>(static_cast<float>(src[i]));
+    }
+  } else {
+    copy_converted<B>(block, run, whole + rows.offset * s.inner, s.extent * s.inner, s.outer, run);
   }
 }
-template <class To, class From>
+template <class B, class To, class From>
 void convert(std::span<const From> in, std::span<To> out) {
-  for (std::size_t i = 0; i < in.size(); ++i) out[i] = static_cast<To>(static_cast<float>(in[i]));
+  if constexpr (host_loops<B>) {
+    for (std::size_t i = 0; i < in.size(); ++i) out[i] = static_cast<To>(static_cast<float>(in[i]));
+  } else {
+    copy_converted<B>(in.data(), in.size(), out.data(), in.size(), 1, in.size());
+  }
+}
+// acc += add elementwise (n elements), summed in float.
+template <class B, class Acc, class Add>
+void accumulate(Acc* acc, const Add* add, std::size_t n) {
+  if constexpr (host_loops<B>) {
+    for (std::size_t k = 0; k < n; ++k) {
+      acc[k] = static_cast<Acc>(static_cast<float>(acc[k]) + static_cast<float>(add[k]));
+    }
+  } else {
+    B::for_each(n, accumulate_fn<Acc, Add>{acc, add});
+  }
 }
 
 // `base` with the data axis's placement taken from `stage`. Where base splits the dim that
@@ -244,6 +329,7 @@ template <training_policy_type P, fixed_string Dims, class Base = layout<>,
           zero_split_rule SplitRule = typename P::stage::split_rule>
 class parameter final : public detail::parameter_slot<P> {
   using mesh_t = typename P::mesh_type;
+  using backend_t = backend_of<mesh_t>;
   using stage_t = typename P::stage::template with_split_rule<SplitRule>;
   static constexpr std::size_t data = P::data_axis;
   static constexpr layout_value base = layout_value_of<mesh_t, Dims, Base>;
@@ -351,17 +437,21 @@ class parameter final : public detail::parameter_slot<P> {
   // --- parameter_slot ---------------------------------------------------------------------
   std::span<const param_type> stored_block() const override { return stored_.local(); }
   void receive_block(std::size_t r, const param_type* block) override {
-    detail::copy_rows_in(block, split_, split_.block(r), compute_storage().data());
+    detail::copy_rows_in<backend_t>(block, split_, split_.block(r), compute_storage().data());
   }
   void compute_from_stored() override {
     // Stored and compute differ only in the data axis placement (replicate for stages 0-2).
     allocate_compute();
-    detail::convert(std::span<const param_type>(stored_.local()), compute_storage());
+    detail::convert<backend_t>(std::span<const param_type>(stored_.local()), compute_storage());
   }
   void allocate_compute() override {
     if (var_) {
       auto& v = var_->node()->value;
-      v.storage().resize(v.local_count());
+      if constexpr (detail::host_loops<backend_t>) {
+        v.storage().resize(v.local_count());
+      } else {
+        v.storage() = typename compute_tensor::storage_type(v.local_count());
+      }
     } else {
       pending_.emplace(*mesh_, extents_, compute_tensor::uninitialized);
     }
@@ -373,8 +463,12 @@ class parameter final : public detail::parameter_slot<P> {
   void free_compute() override {
     if (var_) {
       auto& s = var_->node()->value.storage();
-      s.clear();
-      s.shrink_to_fit();
+      if constexpr (detail::host_loops<backend_t>) {
+        s.clear();
+        s.shrink_to_fit();
+      } else {
+        s = typename compute_tensor::storage_type{};
+      }
     }
   }
   void detach() override {
@@ -394,18 +488,16 @@ class parameter final : public detail::parameter_slot<P> {
     var_->zero_grad();
   }
   void gradient_block(std::size_t r, grad_type* out) const override {
-    detail::copy_rows_out(grad_->local().data(), split_, split_.block(r), out);
+    detail::copy_rows_out<backend_t>(grad_->local().data(), split_, split_.block(r), out);
   }
   void gradient_whole(grad_type* out) const override {
-    detail::convert(std::span<const float>(grad_->local()),
-                    std::span<grad_type>(out, grad_->local_count()));
+    detail::convert<backend_t>(std::span<const float>(grad_->local()),
+                               std::span<grad_type>(out, grad_->local_count()));
   }
   void add_gradient_to_buffer() override {
     const auto g = std::as_const(*grad_).local();
     auto b = buffer_.local();
-    for (std::size_t i = 0; i < b.size(); ++i) {
-      b[i] = static_cast<grad_type>(static_cast<float>(b[i]) + g[i]);
-    }
+    detail::accumulate<backend_t>(b.data(), g.data(), b.size());
   }
   void drop_gradient() override { grad_.reset(); }
   void release_step_buffers() override {
@@ -447,9 +539,10 @@ class parameter final : public detail::parameter_slot<P> {
       // fp32 under stages 1, 2: the master is this rank's block of the replicated copy,
       // extracted for the update and published back by the all-gather.
       const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
-      scratch_.resize(split_.count(me));
-      detail::copy_rows_out(stored_.local().data(), split_, split_.block(me), scratch_.data());
-      return scratch_;
+      detail::resize_buffer<backend_t>(scratch_, split_.count(me));
+      detail::copy_rows_out<backend_t>(stored_.local().data(), split_, split_.block(me),
+                                       scratch_.data());
+      return {scratch_.data(), scratch_.size()};
     }
   }
   void checkpoint_records(std::vector<io::tensor_record>& out) override {
@@ -469,19 +562,19 @@ class parameter final : public detail::parameter_slot<P> {
 
   void store_from_master() override {
     if constexpr (P::has_master) {
-      detail::convert(std::span<const float>(master_->local()), stored_.local());
+      detail::convert<backend_t>(std::span<const float>(master_->local()), stored_.local());
     }
   }
   void published_block(param_type* out) const override {
     if constexpr (P::has_master) {
-      detail::convert(std::span<const float>(master_->local()),
-                      std::span<param_type>(out, master_->local_count()));
+      detail::convert<backend_t>(std::span<const float>(master_->local()),
+                                 std::span<param_type>(out, master_->local_count()));
     } else {
-      std::copy(scratch_.begin(), scratch_.end(), out);
+      detail::copy_elements<backend_t>(scratch_.data(), scratch_.size(), out);
     }
   }
   void receive_published(std::size_t r, const param_type* block) override {
-    detail::copy_rows_in(block, split_, split_.block(r), stored_.local().data());
+    detail::copy_rows_in<backend_t>(block, split_, split_.block(r), stored_.local().data());
   }
 
  private:
@@ -500,7 +593,11 @@ class parameter final : public detail::parameter_slot<P> {
   std::optional<compute_tensor> pending_;
   std::optional<variable_type> var_;
   std::optional<reduced_gradient_tensor> grad_;
-  std::vector<float> scratch_;
+  // fp32 stages 1, 2: this rank's block of the stored copy during a step (backend memory).
+  // Uncounted std::vector on the host, as before the backends; a buffer of B elsewhere.
+  std::conditional_t<detail::host_loops<backend_t>, std::vector<float>,
+                     typename backend_t::template buffer<float>>
+      scratch_;
   detail::data_split split_;
 };
 

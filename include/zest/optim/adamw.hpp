@@ -17,6 +17,10 @@
 // loops have a fixed trip count and no branches, so compilers vectorise them even at -O2
 // (the square roots use SSE directly on x86: std::sqrt's errno handling keeps a compiler
 // from vectorising it unless -fno-math-errno is given). The arrays must not overlap.
+//
+// adamw_update<B>(...) takes the arrays in the memory of backend B (device pointers on a
+// GPU): the host backend runs the kernel above, every other backend one B::for_each over
+// adamw_element_fn, the same formula per element.
 #pragma once
 
 #include <cmath>
@@ -31,7 +35,10 @@
 #define ZEST_OPTIM_SSE_SQRT 0
 #endif
 
+#include "zest/backend/backend.hpp"
+#include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
+#include "zest/core/device_math.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/float16.hpp"
 
@@ -106,6 +113,24 @@ inline void adamw_block_update(float* __restrict p, const G* __restrict grad, fl
   }
 }
 
+// The element update as a function object for backends other than the host.
+template <class G>
+struct adamw_element_fn {
+  float* p;
+  const G* grad;
+  float* m;
+  float* v;
+  adamw_constants k;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const float g = static_cast<float>(grad[i]) * k.grad_scale;
+    const float mi = k.beta1 * m[i] + k.one_minus_beta1 * g;
+    const float vi = k.beta2 * v[i] + k.one_minus_beta2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = k.keep * p[i] - k.step_size * mi / (dmath::sqrt(vi) * k.inv_sqrt_bc2 + k.eps);
+  }
+};
+
 template <class A, class B>
 bool overlaps(std::span<A> a, std::span<B> b) {
   if (a.empty() || b.empty()) return false;
@@ -114,7 +139,7 @@ bool overlaps(std::span<A> a, std::span<B> b) {
   return a0 < b0 + b.size_bytes() && b0 < a0 + a.size_bytes();
 }
 
-template <class G>
+template <class Backend, class G>
 void adamw_update_impl(std::span<float> param, std::span<const G> grad, std::span<float> m,
                        std::span<float> v, std::int64_t step, float lr, const adamw_config& c,
                        float grad_scale, bool decay) {
@@ -153,6 +178,10 @@ void adamw_update_impl(std::span<float> param, std::span<const G> grad, std::spa
   const G* g = grad.data();
   float* mp = m.data();
   float* vp = v.data();
+  if constexpr (!std::is_same_v<Backend, host_backend>) {
+    if (n != 0) Backend::for_each(n, adamw_element_fn<G>{p, g, mp, vp, k});
+    return;
+  }
   std::size_t i = 0;
   for (; i + adamw_block <= n; i += adamw_block) {
     adamw_block_update(p + i, g + i, mp + i, vp + i, k);
@@ -168,19 +197,33 @@ void adamw_update_impl(std::span<float> param, std::span<const G> grad, std::spa
 inline void adamw_update(std::span<float> param, std::span<const float> grad, std::span<float> m,
                          std::span<float> v, std::int64_t step, float lr, const adamw_config& c,
                          float grad_scale = 1.0F, bool decay = true) {
-  detail::adamw_update_impl<float>(param, grad, m, v, step, lr, c, grad_scale, decay);
+  detail::adamw_update_impl<host_backend, float>(param, grad, m, v, step, lr, c, grad_scale, decay);
 }
 // bfloat16 gradients, converted on the fly (the formula is the same).
 inline void adamw_update(std::span<float> param, std::span<const bfloat16> grad, std::span<float> m,
                          std::span<float> v, std::int64_t step, float lr, const adamw_config& c,
                          float grad_scale = 1.0F, bool decay = true) {
-  detail::adamw_update_impl<bfloat16>(param, grad, m, v, step, lr, c, grad_scale, decay);
+  detail::adamw_update_impl<host_backend, bfloat16>(param, grad, m, v, step, lr, c, grad_scale,
+                                                    decay);
 }
 // float16 gradients (fp16 training: grad_scale = 1 / loss scale undoes the scaling).
 inline void adamw_update(std::span<float> param, std::span<const float16> grad, std::span<float> m,
                          std::span<float> v, std::int64_t step, float lr, const adamw_config& c,
                          float grad_scale = 1.0F, bool decay = true) {
-  detail::adamw_update_impl<float16>(param, grad, m, v, step, lr, c, grad_scale, decay);
+  detail::adamw_update_impl<host_backend, float16>(param, grad, m, v, step, lr, c, grad_scale,
+                                                   decay);
+}
+
+// The same step on arrays in the memory of backend B (float, bfloat16 or float16
+// gradients); on the host backend exactly the overloads above.
+template <backend B, class G>
+void adamw_update(std::span<float> param, std::span<const G> grad, std::span<float> m,
+                  std::span<float> v, std::int64_t step, float lr, const adamw_config& c,
+                  float grad_scale = 1.0F, bool decay = true) {
+  static_assert(
+      std::is_same_v<G, float> || std::is_same_v<G, bfloat16> || std::is_same_v<G, float16>,
+      "zest adamw_update: gradients are float, zest::bfloat16 or zest::float16");
+  detail::adamw_update_impl<B, G>(param, grad, m, v, step, lr, c, grad_scale, decay);
 }
 
 }  // namespace zest

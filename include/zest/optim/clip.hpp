@@ -18,6 +18,10 @@
 // For a run-time list of gradients (parameters of several element types, shards owned by
 // some ranks only) global_norm also takes a span of norm_term: the values this rank holds
 // and whether they count here; norm_term_of(tensor) makes one with the rule above.
+//
+// The squares are summed where the gradients live: a vectorised loop on the host backend,
+// the backend's sum (a reduction kernel on a GPU) elsewhere; only the one double per rank
+// and the replica rule are host work.
 #pragma once
 
 #include <cmath>
@@ -28,9 +32,12 @@
 #include <type_traits>
 #include <variant>
 
+#include "zest/backend/backend.hpp"
 #include "zest/backend/host/host_backend.hpp"
 #include "zest/comm/communicator.hpp"
+#include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
+#include "zest/core/dtype.hpp"
 #include "zest/core/float16.hpp"
 #include "zest/core/memory.hpp"
 #include "zest/layout/layout.hpp"
@@ -38,8 +45,9 @@
 
 namespace zest {
 
-// One gradient block of a run-time list: the values this rank holds (host memory) and
-// whether they count on this rank (false for copies another rank counts).
+// One gradient block of a run-time list: the values this rank holds (in the memory of the
+// mesh's backend: device memory on a GPU) and whether they count on this rank (false for
+// copies another rank counts).
 struct norm_term {
   using values_type = std::variant<std::span<const float>, std::span<const bfloat16>,
                                    std::span<const float16>, std::span<const double>>;
@@ -86,6 +94,26 @@ double sum_of_squares(std::span<const T> values) {
   return total;
 }
 
+// x[i]^2 in double: the body of the sum on backends other than the host.
+template <class T>
+struct square_fn {
+  const T* x;
+  ZEST_HOST_DEVICE double operator()(std::size_t i) const {
+    const auto d = static_cast<double>(static_cast<compute_type_t<T>>(x[i]));
+    return d * d;
+  }
+};
+
+// The sum of squares of values in B's memory.
+template <class B, class T>
+double sum_of_squares_on(std::span<const T> values) {
+  if constexpr (std::is_same_v<B, host_backend>) {
+    return sum_of_squares<T>(values);
+  } else {
+    return B::sum(values.size(), square_fn<T>{values.data()});
+  }
+}
+
 template <sharded_tensor G>
 constexpr void check_norm_layout() {
   using X = std::remove_cvref_t<G>;
@@ -107,12 +135,7 @@ template <sharded_tensor G>
 double tensor_sum_of_squares(const G& g) {
   using X = std::remove_cvref_t<G>;
   using T = typename X::value_type;
-  if constexpr (std::is_same_v<typename X::backend_type, host_backend>) {
-    return sum_of_squares<T>(g.local());
-  } else {
-    const host_vector<T> copy = g.local_to_host();
-    return sum_of_squares<T>(std::span<const T>(copy.data(), copy.size()));
-  }
+  return sum_of_squares_on<typename X::backend_type, T>(g.local());
 }
 
 template <class Mesh>
@@ -135,22 +158,26 @@ bool counts_on_this_rank(const G& g) {
   return true;
 }
 
-// The norm_term of a tensor in host memory: its local block, counted by the rule above.
+// The norm_term of a tensor: its local block (in its backend's memory), counted by the rule
+// above.
 template <sharded_tensor G>
 norm_term norm_term_of(const G& g) {
-  using X = std::remove_cvref_t<G>;
-  static_assert(std::is_same_v<typename X::backend_type, host_backend>,
-                "zest norm_term_of: the tensor's block must be in host memory; global_norm "
-                "takes device tensors directly");
   return norm_term{g.local(), counts_on_this_rank(g)};
 }
 
-// This rank's sum of squares over the terms it counts (no communication).
-inline double local_sum_of_squares(std::span<const norm_term> terms) {
+// This rank's sum of squares over the terms it counts (no communication); the values are in
+// the memory of backend B.
+template <class B = host_backend>
+double local_sum_of_squares(std::span<const norm_term> terms) {
   double total = 0;
   for (const auto& t : terms) {
     if (!t.counted) continue;
-    total += std::visit([](auto values) { return detail::sum_of_squares(values); }, t.values);
+    total += std::visit(
+        [](auto values) {
+          using T = typename decltype(values)::element_type;
+          return detail::sum_of_squares_on<B, std::remove_const_t<T>>(values);
+        },
+        t.values);
   }
   return total;
 }
@@ -165,10 +192,10 @@ double global_norm(const Mesh& mesh, const G&... grads) {
   return std::sqrt(detail::all_reduce_sum(mesh, local));
 }
 
-// The same over a run-time list of terms.
+// The same over a run-time list of terms, whose values are in the memory of Mesh's backend.
 template <class Mesh>
 double global_norm(const Mesh& mesh, std::span<const norm_term> terms) {
-  return std::sqrt(detail::all_reduce_sum(mesh, local_sum_of_squares(terms)));
+  return std::sqrt(detail::all_reduce_sum(mesh, local_sum_of_squares<backend_of<Mesh>>(terms)));
 }
 
 // The factor to multiply gradients by so that their norm is at most max_norm:

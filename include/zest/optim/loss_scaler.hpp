@@ -23,8 +23,11 @@
 #include <span>
 #include <type_traits>
 
+#include "zest/backend/backend.hpp"
 #include "zest/comm/communicator.hpp"
+#include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
+#include "zest/core/device_math.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/float16.hpp"
 
@@ -170,6 +173,34 @@ bool has_inf_or_nan(std::span<const T> values) {
 template <class T>
 requires(!std::is_const_v<T>) bool has_inf_or_nan(std::span<T> values) {
   return has_inf_or_nan(std::span<const T>(values));
+}
+
+namespace detail {
+// 1 for an inf or NaN element, else 0: summed by the backend (no early exit, no atomics).
+// The 16-bit types widen to float exactly, inf and NaN included.
+template <class T>
+struct nonfinite_count_fn {
+  const T* x;
+  ZEST_HOST_DEVICE double operator()(std::size_t i) const {
+    if constexpr (std::is_same_v<T, double>) {
+      return dmath::isfinite(x[i]) ? 0.0 : 1.0;
+    } else {
+      return dmath::isfinite(static_cast<float>(x[i])) ? 0.0 : 1.0;
+    }
+  }
+};
+}  // namespace detail
+
+// The same test on values in the memory of backend B (device memory on a GPU): the host
+// backend's loop above, the backend's sum of an indicator elsewhere.
+//   const bool bad = zest::has_inf_or_nan<zest::backend_of<Mesh>>(std::span<const float16>(g));
+template <backend B, class T>
+bool has_inf_or_nan(std::span<const T> values) {
+  if constexpr (std::is_same_v<B, host_backend>) {
+    return has_inf_or_nan(values);
+  } else {
+    return B::sum(values.size(), detail::nonfinite_count_fn<T>{values.data()}) != 0.0;
+  }
 }
 
 // True on every rank when `local` is true on any rank of the mesh: an all_reduce (max) of

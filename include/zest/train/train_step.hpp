@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "zest/autodiff/tape.hpp"
+#include "zest/backend/backend.hpp"
 #include "zest/comm/communicator.hpp"
 #include "zest/core/memory.hpp"
 #include "zest/zero/engine.hpp"
@@ -24,7 +25,9 @@ struct train_step_result {
   comm_stats traffic;         // over the mesh's axis communicators
   comm_stats scalar_traffic;  // over the world communicator
   double seconds = 0;
-  std::int64_t peak_bytes = 0;  // zest's live bytes at their highest during the step
+  // zest's live bytes at their highest during the step, in the memory the mesh's backend
+  // keeps tensors in (device memory on a GPU)
+  std::int64_t peak_bytes = 0;
 };
 
 template <class P, class Model, sharded_tensor Ids, sharded_tensor Targets>
@@ -33,7 +36,8 @@ train_step_result train_step(zero_engine<P>& engine, const Model& model, const I
   const auto& mesh = engine.mesh();
   const comm_stats axes_before = mesh.stats();
   const comm_stats world_before = mesh.world().stats();
-  memory::reset_peak();
+  memory::counters& bytes = backend_of<typename P::mesh_type>::counters();
+  bytes.peak.store(bytes.live.load());
   const auto start = std::chrono::steady_clock::now();
 
   train_step_result r;
@@ -46,7 +50,7 @@ train_step_result train_step(zero_engine<P>& engine, const Model& model, const I
   r.report = engine.step(lr);
 
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.peak_bytes = memory::peak_bytes();
+  r.peak_bytes = bytes.peak.load();
   r.traffic = mesh.stats() - axes_before;
   r.scalar_traffic = mesh.world().stats() - world_before;
   return r;

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "zest/autodiff/tape.hpp"
+#include "zest/backend/backend.hpp"
 #include "zest/backend/host/host_backend.hpp"
 #include "zest/comm/communicator.hpp"
 #include "zest/core/error.hpp"
@@ -83,6 +84,10 @@ class zero_engine {
   using slot = detail::parameter_slot<P>;
   using param_type = typename P::param_type;
   using grad_type = typename P::grad_type;
+  // Pack buffers live where the shards do (device memory on a GPU): collectives take them.
+  using backend_t = backend_of<mesh_t>;
+  template <class T>
+  using buffer = typename backend_t::template buffer<T>;
   static constexpr int stage = P::stage::stage;
   static constexpr std::size_t data = P::data_axis;
 
@@ -90,7 +95,7 @@ class zero_engine {
     std::string name;
     std::vector<slot*> params;
     // Stage 3 gather in flight or done: rank-major blocks.
-    host_vector<param_type> send, gathered;
+    buffer<param_type> send, gathered;
     std::vector<std::size_t> counts;
     request gather;
     bool gathering = false;
@@ -100,7 +105,7 @@ class zero_engine {
   struct reduction {
     std::size_t group = 0;
     std::size_t first = 0, last = 0;  // params [first, last) of the group
-    host_vector<grad_type> send, recv;
+    buffer<grad_type> send, recv;
     std::vector<std::size_t> counts;
     request done;
   };
@@ -256,7 +261,7 @@ class zero_engine {
     if constexpr (P::loss_scaling) {
       bool bad = false;
       for (slot* p : all)
-        bad = bad || has_inf_or_nan(std::span<const grad_type>(p->kept_gradient()));
+        bad = bad || has_inf_or_nan<backend_t>(std::span<const grad_type>(p->kept_gradient()));
       const bool skip = any_rank(*mesh_, bad);
       if (!scaler_.update(skip)) {
         r.applied = false;
@@ -278,9 +283,9 @@ class zero_engine {
     ++steps_;
     const float grad_scale = static_cast<float>(r.clip / static_cast<double>(r.loss_scale));
     for (slot* p : all) {
-      adamw_update(p->master(), std::span<const grad_type>(p->kept_gradient()), p->adam_m(),
-                   p->adam_v(), steps_, static_cast<float>(lr), options_.adam, grad_scale,
-                   p->decays());
+      adamw_update<backend_t>(p->master(), std::span<const grad_type>(p->kept_gradient()),
+                              p->adam_m(), p->adam_v(), steps_, static_cast<float>(lr),
+                              options_.adam, grad_scale, p->decays());
     }
     if constexpr (stage == 1 || stage == 2) {
       for (std::size_t g = 0; g < groups_.size(); ++g) publish(g);
@@ -311,7 +316,15 @@ class zero_engine {
     for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
       if (!S::layout.is_partial(a) && mesh_->coord(a) != 0) counts = false;
     }
-    return sum_over_ranks(counts ? static_cast<double>(s.local()[0]) : 0.0);
+    double value = 0;
+    if (counts) {
+      if constexpr (detail::host_loops<typename S::backend_type>) {
+        value = static_cast<double>(s.local()[0]);
+      } else {
+        value = static_cast<double>(s.local_to_host()[0]);
+      }
+    }
+    return sum_over_ranks(value);
   }
 
  private:
@@ -387,18 +400,17 @@ class zero_engine {
       for (std::size_t r = 0; r < n; ++r) gr.counts[r] += s.count(r);
       mine += p->stored_block().size();
     }
-    gr.send.resize(mine);
+    detail::resize_buffer<backend_t>(gr.send, mine);
     std::size_t at = 0;
     for (slot* p : gr.params) {
       const auto b = p->stored_block();
-      std::copy(b.begin(), b.end(), gr.send.begin() + static_cast<std::ptrdiff_t>(at));
+      detail::copy_elements<backend_t>(b.data(), b.size(), gr.send.data() + at);
       at += b.size();
     }
     std::size_t total = 0;
     for (auto c : gr.counts) total += c;
-    gr.gathered.resize(total);
-    gr.gather = mesh_->axis(data).iall_gather(std::span<const param_type>(gr.send),
-                                              std::span<param_type>(gr.gathered),
+    detail::resize_buffer<backend_t>(gr.gathered, total);
+    gr.gather = mesh_->axis(data).iall_gather(view(gr.send), view(gr.gathered),
                                               std::span<const std::size_t>(gr.counts));
     gr.gathering = true;
   }
@@ -454,17 +466,17 @@ class zero_engine {
     std::size_t total = 0;
     for (std::size_t i = first; i < last; ++i) total += gr.params[i]->split().total();
     if constexpr (stage == 0) {
-      red->send.resize(total);
+      detail::resize_buffer<backend_t>(red->send, total);
       std::size_t at = 0;
       for (std::size_t i = first; i < last; ++i) {
         gr.params[i]->gradient_whole(red->send.data() + at);
         at += gr.params[i]->split().total();
       }
-      red->done = mesh_->axis(data).iall_reduce(std::span<grad_type>(red->send), reduce_op::sum);
+      red->done = mesh_->axis(data).iall_reduce(view(red->send), reduce_op::sum);
     } else {
       const std::size_t n = gr.params[first]->split().parts;
       red->counts.assign(n, 0);
-      red->send.resize(total);
+      detail::resize_buffer<backend_t>(red->send, total);
       std::size_t at = 0;
       for (std::size_t r = 0; r < n; ++r) {
         for (std::size_t i = first; i < last; ++i) {
@@ -475,10 +487,10 @@ class zero_engine {
         }
       }
       const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
-      red->recv.resize(red->counts[me]);
-      red->done = mesh_->axis(data).ireduce_scatter(
-          std::span<const grad_type>(red->send), std::span<grad_type>(red->recv),
-          std::span<const std::size_t>(red->counts), reduce_op::sum);
+      detail::resize_buffer<backend_t>(red->recv, red->counts[me]);
+      red->done = mesh_->axis(data).ireduce_scatter(view(red->send), view(red->recv),
+                                                    std::span<const std::size_t>(red->counts),
+                                                    reduce_op::sum);
     }
     pending_.push_back(std::move(red));
   }
@@ -488,14 +500,11 @@ class zero_engine {
     pending_.pop_front();
     red->done.wait();
     group& gr = groups_[red->group];
-    const host_vector<grad_type>& result = stage == 0 ? red->send : red->recv;
+    const buffer<grad_type>& result = stage == 0 ? red->send : red->recv;
     std::size_t at = 0;
     for (std::size_t i = red->first; i < red->last; ++i) {
       auto buf = gr.params[i]->gradient_buffer();
-      for (std::size_t k = 0; k < buf.size(); ++k) {
-        buf[k] =
-            static_cast<grad_type>(static_cast<float>(buf[k]) + static_cast<float>(result[at + k]));
-      }
+      detail::accumulate<backend_t>(buf.data(), result.data() + at, buf.size());
       at += buf.size();
     }
   }
@@ -507,25 +516,28 @@ class zero_engine {
     const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
     for (const auto& [first, last] : buckets_of(gr)) {
       std::vector<std::size_t> counts(n, 0);
-      host_vector<grad_type> send;
+      std::size_t total = 0;
+      for (std::size_t i = first; i < last; ++i) total += gr.params[i]->split().total();
+      buffer<grad_type> send(total);
+      std::size_t at = 0;
       for (std::size_t r = 0; r < n; ++r) {
         for (std::size_t i = first; i < last; ++i) {
           slot* p = gr.params[i];
           const auto s = p->split();
           const std::size_t c = s.count(r);
-          const std::size_t at = send.size();
-          send.resize(at + c);
-          detail::copy_rows_out(p->gradient_buffer().data(), s, s.block(r), send.data() + at);
+          detail::copy_rows_out<backend_t>(p->gradient_buffer().data(), s, s.block(r),
+                                           send.data() + at);
+          at += c;
           counts[r] += c;
         }
       }
-      host_vector<grad_type> recv(counts[me]);
-      mesh_->axis(data).reduce_scatter(std::span<const grad_type>(send), std::span<grad_type>(recv),
-                                       std::span<const std::size_t>(counts), reduce_op::sum);
-      std::size_t at = 0;
+      buffer<grad_type> recv(counts[me]);
+      mesh_->axis(data).reduce_scatter(view(send), view(recv), std::span<const std::size_t>(counts),
+                                       reduce_op::sum);
+      at = 0;
       for (std::size_t i = first; i < last; ++i) {
         auto kept = gr.params[i]->kept_gradient_storage();
-        std::copy_n(recv.begin() + static_cast<std::ptrdiff_t>(at), kept.size(), kept.begin());
+        detail::copy_elements<backend_t>(recv.data() + at, kept.size(), kept.data());
         at += kept.size();
       }
     }
@@ -540,7 +552,7 @@ class zero_engine {
     std::vector<std::size_t> counts(n, 0);
     for (slot* p : gr.params)
       for (std::size_t r = 0; r < n; ++r) counts[r] += p->split().count(r);
-    host_vector<param_type> send(counts[me]);
+    buffer<param_type> send(counts[me]);
     std::size_t at = 0;
     for (slot* p : gr.params) {
       p->published_block(send.data() + at);
@@ -548,9 +560,8 @@ class zero_engine {
     }
     std::size_t total = 0;
     for (auto c : counts) total += c;
-    host_vector<param_type> recv(total);
-    mesh_->axis(data).all_gather(std::span<const param_type>(send), std::span<param_type>(recv),
-                                 std::span<const std::size_t>(counts));
+    buffer<param_type> recv(total);
+    mesh_->axis(data).all_gather(view(send), view(recv), std::span<const std::size_t>(counts));
     const param_type* from = recv.data();
     for (std::size_t r = 0; r < n; ++r) {
       for (slot* p : gr.params) {
@@ -560,10 +571,20 @@ class zero_engine {
     }
   }
 
+  // A buffer as the span a collective takes (device buffers are not ranges).
+  template <class T>
+  static std::span<T> view(buffer<T>& b) {
+    return {b.data(), b.size()};
+  }
+
   void clear_gradients(const std::vector<slot*>& all) {
     for (slot* p : all) {
       auto b = p->gradient_buffer();
-      std::fill(b.begin(), b.end(), grad_type{});
+      if constexpr (detail::host_loops<backend_t>) {
+        std::fill(b.begin(), b.end(), grad_type{});
+      } else {
+        backend_t::fill(b.data(), b.size(), grad_type{});
+      }
       p->release_step_buffers();
     }
   }

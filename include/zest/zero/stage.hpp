@@ -189,6 +189,7 @@ struct zero_stage {
       "zest zero_stage: ZeRO has stages 0 (DDP), 1 (optimizer state), 2 (+ gradients) and "
       "3 (+ parameters). Fix: zero_stage<0>, <1>, <2> or <3>.");
 
+  using zest_zero_stage_tag = void;  // opts into zero_stage_policy
   static constexpr int stage = Stage;
   static constexpr std::string_view data_axis = DataAxis.view();
   using split_rule = SplitRule;
@@ -261,10 +262,12 @@ struct zero_stage {
   static constexpr zero_layouts layouts = layouts_for<Mesh, Dims>();
 };
 
+// A nested tag, not a partial specialisation on zero_stage<K, A, R>: nvcc's front end does not
+// match those when an argument is of class type (docs/design-notes.md).
 template <class S>
-inline constexpr bool is_zero_stage_v = false;
-template <int K, fixed_string A, zero_split_rule R>
-inline constexpr bool is_zero_stage_v<zero_stage<K, A, R>> = true;
+inline constexpr bool is_zero_stage_v = requires {
+  typename S::zest_zero_stage_tag;
+};
 template <class S>
 concept zero_stage_policy = is_zero_stage_v<S>;
 
