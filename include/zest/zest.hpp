@@ -17,6 +17,7 @@
 #include "zest/core/float16.hpp"
 #include "zest/core/json.hpp"
 #include "zest/core/memory.hpp"
+#include "zest/core/random.hpp"
 
 #include "zest/comm/checked.hpp"
 #include "zest/comm/communicator.hpp"
@@ -34,6 +35,7 @@
 #include "zest/layout/transition.hpp"
 
 #include "zest/tensor/redistribute.hpp"
+#include "zest/tensor/relabel.hpp"
 #include "zest/tensor/tensor.hpp"
 
 #include "zest/backend/backend.hpp"
@@ -51,11 +53,13 @@
 
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/einsum_grad.hpp"
+#include "zest/autodiff/kernels.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
 
 #include "zest/moe/dispatch.hpp"
 #include "zest/moe/gating.hpp"
+#include "zest/moe/moe_layer.hpp"
 
 #include "zest/data/batches.hpp"
 #include "zest/data/text_dataset.hpp"
@@ -65,8 +69,18 @@
 
 #include "zest/mesh/emulated_mesh.hpp"
 #include "zest/mesh/mesh_shape.hpp"
+#include "zest/zero/engine.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/stage.hpp"
+
+#include "zest/nn/attention.hpp"
+#include "zest/nn/block.hpp"
+#include "zest/nn/embedding.hpp"
+#include "zest/nn/gpt.hpp"
+#include "zest/nn/layer_norm.hpp"
+#include "zest/nn/linear.hpp"
+#include "zest/nn/mlp.hpp"
+#include "zest/nn/parameter.hpp"
 
 #include "zest/optim/adamw.hpp"
 #include "zest/optim/clip.hpp"
@@ -76,3 +90,6 @@
 #include "zest/report/progress.hpp"
 #include "zest/report/svg_plot.hpp"
 #include "zest/report/training_log.hpp"
+
+#include "zest/train/checkpoint.hpp"
+#include "zest/train/train_step.hpp"

@@ -165,7 +165,8 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
   // Pending sums on an axis where another operand is partial too are reduced first.
   constexpr layout_value others_partial =
       partial_axes_of_others(std::array<layout_value, sizeof...(X)>{X::layout...}, I);
-  constexpr layout_value dy_layout = without_shared_partials(DY::layout, others_partial);
+  // static: nvcc takes a constexpr local that a lambda names for captured run-time storage.
+  static constexpr layout_value dy_layout = without_shared_partials(DY::layout, others_partial);
   decltype(auto) dy_ready = [&]() -> decltype(auto) {
     if constexpr (dy_layout == DY::layout) {
       return (dy);
@@ -194,7 +195,7 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
 
   if constexpr (!g::broadcasts) {
     return operands([&](const auto&... ops) {
-      return call.template operator()<typename layout_type_for<mesh_t, want>::type>(ops...);
+      return call.template operator()<zest::detail::layout_constant<want>>(ops...);
     });
   } else {
     const target_t& target = std::get<I>(std::forward_as_tuple(xs...));
@@ -225,7 +226,7 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
           ones_t::generate(target.mesh(), ones_extents, [](const auto&) { return value_t(1); });
       auto reduced =
           operands([&](const auto&... ops) { return call.template operator()<void>(ops...); });
-      return zest::einsum<g::broadcast_spec, policy, typename layout_type_for<mesh_t, want>::type>(
+      return zest::einsum<g::broadcast_spec, policy, zest::detail::layout_constant<want>>(
           reduced, ones);
     }
   }

@@ -71,6 +71,27 @@ template <class O>
 struct is_layout_type : std::false_type {};
 template <class... P>
 struct is_layout_type<layout<P...>> : std::true_type {};
+template <class O>
+  requires requires { typename O::zest_layout_value_tag; }
+struct is_layout_type<O> : std::true_type {};
+
+// A forced output layout given as a normalised value (autodiff's gradients: the dual of a
+// layout is a value, and nvcc cannot turn a value back into a layout<...> type).
+template <layout_value L>
+struct layout_constant {
+  using zest_layout_value_tag = void;
+  static constexpr layout_value value = L;
+};
+
+// The forced layout's value for a tensor with dims Dims on Mesh.
+template <class Mesh, fixed_string Dims, class L>
+constexpr layout_value forced_layout_value() {
+  if constexpr (requires { typename L::zest_layout_value_tag; }) {
+    return L::value;
+  } else {
+    return layout_value_of<Mesh, Dims, L>;
+  }
+}
 
 // Sorts einsum<Spec, O1, O2>'s options into a policy and an optional forced layout.
 template <class O1, class O2>
@@ -186,7 +207,7 @@ struct einsum_traits {
       return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)));
     } else {
       constexpr layout_value forced =
-          layout_value_of<mesh_type, output_dims<Spec, spec.output.size>(), forced_t>;
+          forced_layout_value<mesh_type, output_dims<Spec, spec.output.size>(), forced_t>();
       return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)), &forced);
     }
   }
