@@ -8,15 +8,16 @@ include_guard(GLOBAL)
 
 function(zest_enable_warnings target)
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-    target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic)
+    # C++ sources only: a target may also hold .cu files, whose nvcc takes other flags.
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>)
     # g++ 12 at -O2 reports std::variant<std::string, ...> members (zest::json::value) as
     # "may be used uninitialized" after inlining moves; every report seen was a false
     # positive inside libstdc++, so the warning is off for GNU.
     if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-      target_compile_options(${target} PRIVATE -Wno-maybe-uninitialized)
+      target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized>)
     endif()
     if(ZEST_WARNINGS_AS_ERRORS)
-      target_compile_options(${target} PRIVATE -Werror)
+      target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
     endif()
   elseif(MSVC)
     target_compile_options(${target} PRIVATE /W4 $<$<BOOL:${ZEST_WARNINGS_AS_ERRORS}>:/WX>)

@@ -5,6 +5,9 @@
 // compared as global arrays, in float and double, replicated and split (rows split over the
 // ranks, strided rows along a dim that is not the last, causal masks under a split of q);
 // shards without rows; bad ids and targets throw the same shape_error.
+//
+// tests/cuda/cuda_autodiff_test.cu compiles this file with ZEST_TEST_DEVICE_MESH = cuda_mesh:
+// the same comparisons with the kernels on a GPU.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -15,7 +18,10 @@
 
 #include "support/fixtures.hpp"
 #include "zest/autodiff/ops.hpp"
+#if !defined(ZEST_TEST_DEVICE_MESH)
 #include "zest/mesh/emulated_mesh.hpp"
+#define ZEST_TEST_DEVICE_MESH emulated_mesh
+#endif
 
 namespace {
 using namespace zest;
@@ -77,7 +83,7 @@ void compare(const outcome& host, const outcome& emulated, double float_toleranc
 template <class T, class Run>
 void same_on_both(Run run, double float_tolerance = tolerance<float>) {
   mesh<"dp"> host(MPI_COMM_WORLD, {world_size()});
-  emulated_mesh<"dp"> emulated(MPI_COMM_WORLD, {world_size()});
+  ZEST_TEST_DEVICE_MESH<"dp"> emulated(MPI_COMM_WORLD, {world_size()});
   compare<T>(run(host), run(emulated), float_tolerance);
 }
 // The same on each 2-D shape of mesh<"dp", "tp">.
@@ -85,7 +91,7 @@ template <class T, class Run>
 void same_on_both_2d(Run run, double float_tolerance = tolerance<float>) {
   for (const auto& shape : mesh_shapes()) {
     mesh<"dp", "tp"> host(MPI_COMM_WORLD, shape);
-    emulated_mesh<"dp", "tp"> emulated(MPI_COMM_WORLD, shape);
+    ZEST_TEST_DEVICE_MESH<"dp", "tp"> emulated(MPI_COMM_WORLD, shape);
     CAPTURE(host.describe());
     compare<T>(run(host), run(emulated), float_tolerance);
   }
@@ -407,7 +413,7 @@ TEST_CASE_TEMPLATE("emulated reduce_sum and mean", T, float, double) {
 
 TEST_CASE("emulated: a bad id or target throws the host's shape_error") {
   mesh<"dp"> host(MPI_COMM_WORLD, {world_size()});
-  emulated_mesh<"dp"> emulated(MPI_COMM_WORLD, {world_size()});
+  ZEST_TEST_DEVICE_MESH<"dp"> emulated(MPI_COMM_WORLD, {world_size()});
   const auto lookup = [](const auto& m, std::int32_t bad) {
     using M = mesh_of<decltype(m)>;
     using ids_t = tensor<std::int32_t, M, "bt">;

@@ -26,10 +26,6 @@
 #include <cuda_runtime_api.h>
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
-#include <thrust/execution_policy.h>
-#include <thrust/functional.h>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/transform_reduce.h>
 #endif
 
 #include <algorithm>
@@ -273,13 +269,30 @@ __global__ void for_each_kernel(std::uint64_t n, F f) {
   }
 }
 
-// f(i) as a double, for thrust's transform_reduce.
+// Each block's sum of f(i) over its grid-stride share, in double, to partial[block]; then
+// one block adds the partials. The grid has a fixed size for a given n, so the order of the
+// additions, and the result, are the same from run to run. (Not Thrust: its reduction
+// kernels name ::cuda::std types, which a user's `using namespace zest;` makes ambiguous
+// with zest::cuda in nvcc's generated host stubs.)
 template <class F>
-struct as_double {
-  F f;
-  __host__ __device__ double operator()(std::uint64_t i) const {
-    return static_cast<double>(f(static_cast<std::size_t>(i)));
+__global__ void sum_kernel(std::uint64_t n, F f, double* partial) {
+  __shared__ double cache[threads_per_block];
+  double s = 0;
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
+    s += static_cast<double>(f(static_cast<std::size_t>(i)));
   }
+  cache[threadIdx.x] = s;
+  __syncthreads();
+  for (unsigned stride = threads_per_block / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) cache[threadIdx.x] += cache[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = cache[0];
+}
+struct partial_sum {
+  const double* p;
+  __host__ __device__ double operator()(std::size_t i) const { return p[i]; }
 };
 
 template <class F>
@@ -292,11 +305,17 @@ void launch_for_each(std::size_t n, const F& f) {
 template <class F>
 double launch_sum(std::size_t n, const F& f) {
   if (n == 0) return 0.0;
-  // Waits for the result (thrust returns it to the host).
-  return thrust::transform_reduce(thrust::cuda::par.on(compute_stream()),
-                                  thrust::counting_iterator<std::uint64_t>(0),
-                                  thrust::counting_iterator<std::uint64_t>(n), as_double<F>{f}, 0.0,
-                                  thrust::plus<double>());
+  constexpr unsigned max_blocks = threads_per_block;  // the second pass is one block
+  const unsigned blocks = std::min(blocks_for(n, threads_per_block), max_blocks);
+  workspace<double> partial(blocks), total(1);
+  sum_kernel<F><<<blocks, threads_per_block, 0, compute_stream()>>>(n, f, partial.data());
+  ZEST_CUDA_CHECK(cudaGetLastError());
+  sum_kernel<partial_sum><<<1, threads_per_block, 0, compute_stream()>>>(
+      blocks, partial_sum{partial.data()}, total.data());
+  ZEST_CUDA_CHECK(cudaGetLastError());
+  double result = 0;
+  copy_to_host(total.data(), 1, &result);  // waits for the stream
+  return result;
 }
 
 template <class U>

@@ -1,0 +1,10 @@
+// train_gpt_cuda.cu — train_gpt's --device cuda: the run of train_gpt.hpp on a
+// zest::cuda_mesh (one GPU per rank, NCCL on every axis, tensors in device memory). Compiled
+// by nvcc into train_gpt when the build has CUDA (examples/CMakeLists.txt).
+#include "train_gpt.hpp"
+#include "zest/cuda.hpp"
+
+int train_gpt_example::train_on_cuda(const flags& f, const zest::text_dataset& data,
+                                     std::array<int, 2> sizes) {
+  return train_on<zest::cuda_mesh<"dp", "ep">>(f, data, sizes);
+}
