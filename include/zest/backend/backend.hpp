@@ -15,6 +15,8 @@
 //                             ZEST_HOST_DEVICE (a CUDA kernel runs it on the GPU backend)
 //   sum(n, f)                 the sum over i < n of f(i), a double on the host (f as above)
 //   counters()                zest::memory::counters of the memory the buffers live in
+//   synchronize()             returns once the backend's queued work is done (a no-op on
+//                             the host; timings of GPU work call it)
 //
 // The element and row loops of autodiff, the optimizers, ZeRO's packing and MoE's index ops
 // are written once as such function objects. The host backend keeps its own vectorised

@@ -270,6 +270,12 @@ inline void nccl_prepare_all_to_all(nccl_call& c, std::size_t n, std::size_t ran
     nccl_reject(c, message("recv buffer has ", c.recv_n, " elements, expected ", c.send_n, " = ", n,
                            " blocks of ", c.send_n / n));
   }
+  if (sends_ok && receives_ok && rank < c.send_counts.size() && rank < c.recv_counts.size() &&
+      c.send_counts[rank] != c.recv_counts[rank]) {
+    // This rank's own block is a local copy: its two counts must agree (MPI would truncate).
+    nccl_reject(c, message("this rank sends itself ", c.send_counts[rank],
+                           " elements but expects to receive ", c.recv_counts[rank]));
+  }
   c.counts_key = (sc.empty() && rc.empty()) ? 0 : 1;
   if (sends_ok) {
     for (std::size_t j = 0; j < n; ++j) {

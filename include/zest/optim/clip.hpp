@@ -166,7 +166,7 @@ norm_term norm_term_of(const G& g) {
 }
 
 // This rank's sum of squares over the terms it counts (no communication); the values are in
-// the memory of backend B.
+// the memory of backend B (host memory unless named: pass backend_of<Mesh> for a GPU's).
 template <class B = host_backend>
 double local_sum_of_squares(std::span<const norm_term> terms) {
   double total = 0;

@@ -150,7 +150,8 @@ struct nonfinite_mask<float16> {
 }  // namespace detail
 
 // Whether any element is inf or NaN: a test of exponent bits, in blocks that vectorise,
-// stopping at the first block that has one. For float, double, bfloat16 and float16.
+// stopping at the first block that has one. For float, double, bfloat16 and float16 in host
+// memory; values in a backend's memory (a GPU's) go through has_inf_or_nan<Backend>.
 template <class T>
 bool has_inf_or_nan(std::span<const T> values) {
   using mask = detail::nonfinite_mask<std::remove_cv_t<T>>;

@@ -103,8 +103,11 @@ class basic_tensor {
   // axis the value lives on coordinate 0 and the other ranks hold zeros.
   template <class F>
   static basic_tensor generate(const Mesh& mesh, const extents_type& extents, F&& f) {
-    basic_tensor t(mesh, extents);
-    if (!t.holds_partial_summand()) return t;
+    basic_tensor t(mesh, extents, uninitialized);
+    if (!t.holds_partial_summand()) {
+      backend_type::fill(t.data_.data(), t.data_.size(), T{});
+      return t;
+    }
     host_vector<T> values(t.local_count());
     extents_type index{};
     for (std::size_t flat = 0; flat < values.size(); ++flat) {

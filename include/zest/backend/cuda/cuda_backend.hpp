@@ -725,6 +725,8 @@ struct cuda_backend {
     return cuda::detail::launch_sum(n, f);
   }
   static memory::counters& counters() { return memory::device_counters(); }
+  // Waits for the compute stream (kernels, copies, GEMMs; collectives order themselves on it).
+  static void synchronize() { cuda::synchronize(); }
 
   template <class T>
   static buffer<T> from_host(std::span<const T> values) {

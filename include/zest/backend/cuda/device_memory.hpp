@@ -449,13 +449,16 @@ class workspace {
   T* data_ = nullptr;
 };
 
-// Host <-> device copies on the compute stream. to_host waits for the copy (and for the
-// work before it); from_host returns once the host data has been read.
+// Host <-> device copies on the compute stream; both wait for the copy (and for the work
+// before it). copy_to_device waits because CUDA does not promise that an asynchronous copy
+// from pageable memory has read its source when the call returns, and callers free the
+// source right after (a scalar on the stack, generate's staging vector).
 template <class T>
 void copy_to_device(std::span<const T> from, T* to) {
   if (from.empty()) return;
   ZEST_CUDA_CHECK(cudaMemcpyAsync(to, from.data(), from.size_bytes(), cudaMemcpyHostToDevice,
                                   compute_stream()));
+  ZEST_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
 }
 template <class T>
 void copy_to_host(const T* from, std::size_t n, T* to) {

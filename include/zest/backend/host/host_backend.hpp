@@ -54,6 +54,7 @@ struct host_backend {
     return total;
   }
   static memory::counters& counters() { return memory::host_counters(); }
+  static void synchronize() {}
 
   template <class T>
   static buffer<T> from_host(std::span<const T> values) {
