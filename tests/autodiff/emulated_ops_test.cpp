@@ -311,6 +311,27 @@ TEST_CASE_TEMPLATE("emulated layer_norm", T, float, double) {
   });
 }
 
+// Sums over more than kernels::sum_chunk rows take two passes (chunks of rows, then the
+// chunks in order): a bias's gradient, reduce_sum, layer norm's gamma and beta. In float the
+// chunked order differs from the host's running sum by rounding.
+TEST_CASE_TEMPLATE("emulated sums over many rows (two passes)", T, float, double) {
+  same_on_both<T>(
+      [](const auto& m) {
+        using M = mesh_of<decltype(m)>;
+        using x_t = tensor<T, M, "btm", layout<split<'b', "dp">>>;
+        using g_t = tensor<T, M, "m">;
+        ad::tape t;
+        auto x = t.parameter(make<x_t>(m, {16, 90, 6}, 41, 2.0));
+        auto bias = t.parameter(make<g_t>(m, {6}, 42));
+        auto gamma = t.parameter(make<g_t>(m, {6}, 43));
+        auto beta = t.parameter(make<g_t>(m, {6}, 44));
+        auto h = ad::layer_norm<'m'>(ad::broadcast_add(x, bias), gamma, beta);
+        auto s = ad::reduce_sum<"m">(h);  // pending over dp
+        return finish(t, s, x, bias, gamma, beta);
+      },
+      2e-5);
+}
+
 TEST_CASE_TEMPLATE("emulated embedding, with split ids and a split table", T, float, double) {
   const std::array<std::size_t, 2> ie{5, 3}, te{7, 4};
   const ids_values ids = ids_pattern(15, 7);  // repeated ids: their rows' gradients add up

@@ -197,22 +197,44 @@ struct broadcast_expand {
   ZEST_HOST_DEVICE void operator()(std::size_t i) const { big[i] = small[map.small_of(i)]; }
 };
 // small[s] = the sum of big (times weight, when set) over the big elements of s, in order.
+// With chunk < absent_count, one call per (chunk c, small s) sums the c-th run of `chunk`
+// terms into partial[c * smalls + s] instead (add_chunks then adds the chunks in order):
+// a GPU then has chunks x smalls calls to run, not smalls, for a bias over many rows.
 template <class T>
 struct broadcast_sum {
   const T* big;
   const T* weight;
   T* small;
   broadcast_map map;
-  ZEST_HOST_DEVICE void operator()(std::size_t s) const {
+  std::size_t chunk = static_cast<std::size_t>(-1), smalls = 0;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t s = chunk < map.absent_count ? i % smalls : i;
+    const std::size_t c = chunk < map.absent_count ? i / smalls : 0;
     const std::size_t base = map.big_base(s);
+    const std::size_t first = c * (chunk < map.absent_count ? chunk : 0);
+    const std::size_t last = dmath::min(map.absent_count, first + chunk);
     T total = 0;
-    for (std::size_t m = 0; m < map.absent_count; ++m) {
+    for (std::size_t m = first; m < last; ++m) {
       const std::size_t b = base + map.big_offset(m);
       total += weight ? big[b] * weight[b] : big[b];
     }
-    small[s] = total;
+    small[i] = total;
   }
 };
+// out[s] = the sum over c < chunks of partial[c * smalls + s], in order of c.
+template <class T>
+struct add_chunks {
+  const T* partial;
+  T* out;
+  std::size_t smalls, chunks;
+  ZEST_HOST_DEVICE void operator()(std::size_t s) const {
+    T total = 0;
+    for (std::size_t c = 0; c < chunks; ++c) total += partial[c * smalls + s];
+    out[s] = total;
+  }
+};
+// Terms per chunk of the two-pass sums above (a sum over fewer terms takes one pass).
+inline constexpr std::size_t sum_chunk = 256;
 
 // ---------------------------------------------------------------------------------------
 // Elementwise nonlinear.
@@ -380,8 +402,9 @@ struct layer_norm_backward_rows {
     }
   }
 };
-// dgamma[j] = sum over rows of dz xhat, dbeta[j] = sum of dz: one call per column, rows in
-// order.
+// dgamma[j] = sum over rows of dz xhat, dbeta[j] = sum of dz: one call per (chunk of
+// `chunk` rows c, column j), rows in order, into dgamma[c * n + j] and dbeta[c * n + j]
+// (add_chunks adds the chunks when there are several).
 template <class T>
 struct layer_norm_parameter_grads {
   const T* x;
@@ -391,16 +414,18 @@ struct layer_norm_parameter_grads {
   T* dgamma;
   T* dbeta;
   row_walk walk;
-  std::size_t rows;
-  ZEST_HOST_DEVICE void operator()(std::size_t j) const {
+  std::size_t rows, n, chunk;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t c = i / n, j = i % n;
+    const std::size_t last = dmath::min(rows, (c + 1) * chunk);
     T g = 0, b = 0;
-    for (std::size_t row = 0; row < rows; ++row) {
-      const std::size_t i = walk.first(row) + j * walk.inner;
-      g += dz[i] * ((x[i] - mean[row]) * rstd[row]);
-      b += dz[i];
+    for (std::size_t row = c * chunk; row < last; ++row) {
+      const std::size_t k = walk.first(row) + j * walk.inner;
+      g += dz[k] * ((x[k] - mean[row]) * rstd[row]);
+      b += dz[k];
     }
-    dgamma[j] = g;
-    dbeta[j] = b;
+    dgamma[i] = g;
+    dbeta[i] = b;
   }
 };
 
@@ -419,18 +444,22 @@ struct embedding_gather {
     y[i] = table[static_cast<std::size_t>(ids[p]) * width + j];
   }
 };
-// grad[ids[p]][j] += dz[p][j] over positions p in order: one call per feature column j, so
-// no two calls write the same element.
+// grad[r][j] = the sum of dz[p][j] over the positions p whose id is r, in order: one call
+// per table element. The positions of row r are order[first[r]] .. order[first[r + 1] - 1]
+// (the ids sorted by row, stably, on the host where they were checked).
 template <class T>
 struct embedding_scatter {
   const T* dz;
-  const std::int32_t* ids;
+  const std::uint32_t* first;
+  const std::uint32_t* order;
   T* grad;
-  std::size_t positions, width;
-  ZEST_HOST_DEVICE void operator()(std::size_t j) const {
-    for (std::size_t p = 0; p < positions; ++p) {
-      grad[static_cast<std::size_t>(ids[p]) * width + j] += dz[p * width + j];
-    }
+  std::size_t width;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t r = i / width, j = i % width;
+    T total = 0;
+    for (std::uint32_t k = first[r]; k < first[r + 1]; ++k)
+      total += dz[static_cast<std::size_t>(order[k]) * width + j];
+    grad[i] = total;
   }
 };
 

@@ -40,7 +40,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -1007,6 +1009,22 @@ void apply_dropout(const In& in, Out& out, const dropout_mask& mask,
 // host loops. Same layouts, checks and recorded steps; scratch (per-row statistics, picked
 // ids) in the backend's buffers; ids and targets are copied to the host to be checked.
 
+// small = the sums of kernels::broadcast_sum: one pass, or two (chunks of sum_chunk terms,
+// then the chunks in order) when each small element sums many big ones.
+template <class B, class T>
+void run_broadcast_sum(const T* big, const T* weight, T* small, std::size_t smalls,
+                       const kernels::broadcast_map& map) {
+  if (map.absent_count <= kernels::sum_chunk) {
+    B::for_each(smalls, kernels::broadcast_sum<T>{big, weight, small, map});
+    return;
+  }
+  const std::size_t chunks = (map.absent_count + kernels::sum_chunk - 1) / kernels::sum_chunk;
+  typename B::template buffer<T> partial(chunks * smalls);
+  B::for_each(chunks * smalls, kernels::broadcast_sum<T>{big, weight, partial.data(), map,
+                                                         kernels::sum_chunk, smalls});
+  B::for_each(smalls, kernels::add_chunks<T>{partial.data(), small, smalls, chunks});
+}
+
 template <fixed_string Op, bool Multiply, sharded_tensor X, sharded_tensor Y>
 variable<X> generic_broadcast_apply(const variable<X>& x, const variable<Y>& y) {
   using T = typename X::value_type;
@@ -1031,34 +1049,34 @@ variable<X> generic_broadcast_apply(const variable<X>& x, const variable<Y>& y) 
       return 0;
     }
   }();
-  x.owner().record([xn = x.node(), yn = y.node(), on = out.node(), map,
-                    y_used = std::move(y_used)] {
-    if (!on->grad) return;
-    const T* dz = std::as_const(*on->grad).local().data();
-    if (xn->requires_grad) {
-      if constexpr (Multiply) {
-        dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
-        const T* py = [&] {
-          if constexpr (moved) {
-            return y_used.local().data();
+  x.owner().record(
+      [xn = x.node(), yn = y.node(), on = out.node(), map, y_used = std::move(y_used)] {
+        if (!on->grad) return;
+        const T* dz = std::as_const(*on->grad).local().data();
+        if (xn->requires_grad) {
+          if constexpr (Multiply) {
+            dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+            const T* py = [&] {
+              if constexpr (moved) {
+                return y_used.local().data();
+              } else {
+                return std::as_const(yn->value).local().data();
+              }
+            }();
+            B::for_each(dx.local_count(),
+                        kernels::broadcast_combine<T, true>{dz, py, dx.local().data(), map});
+            xn->accumulate(std::move(dx));
           } else {
-            return std::as_const(yn->value).local().data();
+            xn->accumulate(dual_tensor<X>(*on->grad));
           }
-        }();
-        B::for_each(dx.local_count(),
-                    kernels::broadcast_combine<T, true>{dz, py, dx.local().data(), map});
-        xn->accumulate(std::move(dx));
-      } else {
-        xn->accumulate(dual_tensor<X>(*on->grad));
-      }
-    }
-    if (yn->requires_grad) {
-      y_grad_t dy(yn->value.mesh(), yn->value.extents(), y_grad_t::uninitialized);
-      const T* weight = Multiply ? std::as_const(xn->value).local().data() : nullptr;
-      B::for_each(dy.local_count(), kernels::broadcast_sum<T>{dz, weight, dy.local().data(), map});
-      yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(dy)));
-    }
-  });
+        }
+        if (yn->requires_grad) {
+          y_grad_t dy(yn->value.mesh(), yn->value.extents(), y_grad_t::uninitialized);
+          const T* weight = Multiply ? std::as_const(xn->value).local().data() : nullptr;
+          run_broadcast_sum<B>(dz, weight, dy.local().data(), dy.local_count(), map);
+          yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(dy)));
+        }
+      });
   return out;
 }
 
@@ -1176,9 +1194,22 @@ variable<X> generic_layer_norm(const variable<X>& x, const variable<G>& gamma,
     if (gn->requires_grad || bn->requires_grad) {
       param_grad_t dgamma(gn->value.mesh(), gn->value.extents(), param_grad_t::uninitialized);
       param_grad_t dbeta(bn->value.mesh(), bn->value.extents(), param_grad_t::uninitialized);
-      B::for_each(rows.n, kernels::layer_norm_parameter_grads<T>{
-                              px, dz, row_mean.data(), row_rstd.data(), dgamma.local().data(),
-                              dbeta.local().data(), walk, rows.count()});
+      // One pass over all rows per column, or chunks of rows first when there are many.
+      const std::size_t n = rows.n, count = rows.count();
+      const std::size_t chunks =
+          std::max<std::size_t>(1, (count + kernels::sum_chunk - 1) / kernels::sum_chunk);
+      if (chunks == 1) {
+        B::for_each(n, kernels::layer_norm_parameter_grads<T>{
+                           px, dz, row_mean.data(), row_rstd.data(), dgamma.local().data(),
+                           dbeta.local().data(), walk, count, n, kernels::sum_chunk});
+      } else {
+        typename B::template buffer<T> pg(chunks * n), pb(chunks * n);
+        B::for_each(chunks * n, kernels::layer_norm_parameter_grads<T>{
+                                    px, dz, row_mean.data(), row_rstd.data(), pg.data(), pb.data(),
+                                    walk, count, n, kernels::sum_chunk});
+        B::for_each(n, kernels::add_chunks<T>{pg.data(), dgamma.local().data(), n, chunks});
+        B::for_each(n, kernels::add_chunks<T>{pb.data(), dbeta.local().data(), n, chunks});
+      }
       if (gn->requires_grad) gn->accumulate(redistribute_to<dual(G::layout)>(std::move(dgamma)));
       if (bn->requires_grad) bn->accumulate(redistribute_to<dual(G::layout)>(std::move(dbeta)));
     }
@@ -1212,12 +1243,31 @@ auto generic_embedding(const Ids& ids, const variable<Table>& table) {
                                                             y.local().data(), width});
   auto out = make_result(table.owner(), std::move(y), table.requires_grad());
   if (out.requires_grad()) {
-    table.owner().record([tn = table.node(), on = out.node(), picked = ids.storage(), width] {
+    // For the gradient: the positions of each table row, in order (a stable counting sort
+    // of the checked ids), so that one call per table element sums its positions.
+    if (checked.size() >= std::size_t{1} << 32U) {
+      throw shape_error(zest::detail::message("zest: embedding: ", checked.size(),
+                                              " ids on one rank exceed the 2^32 that the "
+                                              "gradient's position lists index"));
+    }
+    std::vector<std::uint32_t> first(rows + 1, 0), order(checked.size());
+    for (const std::int32_t id : checked) ++first[static_cast<std::size_t>(id) + 1];
+    for (std::size_t r = 0; r < rows; ++r) first[r + 1] += first[r];
+    std::vector<std::uint32_t> next(first.begin(), first.end() - 1);
+    for (std::size_t p = 0; p < checked.size(); ++p)
+      order[next[static_cast<std::size_t>(checked[p])]++] = static_cast<std::uint32_t>(p);
+    struct row_lists {
+      typename B::template buffer<std::uint32_t> first, order;
+    };
+    auto lists = std::make_shared<row_lists>(
+        row_lists{B::template from_host<std::uint32_t>(std::span<const std::uint32_t>(first)),
+                  B::template from_host<std::uint32_t>(std::span<const std::uint32_t>(order))});
+    table.owner().record([tn = table.node(), on = out.node(), lists, width] {
       if (!on->grad) return;
-      grad_at_t g(tn->value.mesh(), tn->value.extents());
-      B::for_each(width, kernels::embedding_scatter<T>{std::as_const(*on->grad).local().data(),
-                                                       picked.data(), g.local().data(),
-                                                       picked.size(), width});
+      grad_at_t g(tn->value.mesh(), tn->value.extents(), grad_at_t::uninitialized);
+      B::for_each(g.local_count(), kernels::embedding_scatter<T>{
+                                       std::as_const(*on->grad).local().data(), lists->first.data(),
+                                       lists->order.data(), g.local().data(), width});
       tn->accumulate(redistribute_to<dual(Table::layout)>(std::move(g)));
     });
   }
@@ -1285,8 +1335,8 @@ auto generic_reduce_sum(const variable<X>& x) {
   out_t y(xv.mesh(), extents, out_t::uninitialized);
   const kernels::broadcast_map map =
       broadcast_map_of(walk_of(X::dims.view(), OutDims.view(), xv.local_extents()));
-  B::for_each(y.local_count(),
-              kernels::broadcast_sum<T>{xv.local().data(), nullptr, y.local().data(), map});
+  run_broadcast_sum<B>(xv.local().data(), static_cast<const T*>(nullptr), y.local().data(),
+                       y.local_count(), map);
   auto out = make_result(x.owner(), std::move(y), x.requires_grad());
   if (out.requires_grad()) {
     x.owner().record([xn = x.node(), on = out.node(), map] {
