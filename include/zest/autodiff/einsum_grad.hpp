@@ -226,8 +226,8 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
           ones_t::generate(target.mesh(), ones_extents, [](const auto&) { return value_t(1); });
       auto reduced =
           operands([&](const auto&... ops) { return call.template operator()<void>(ops...); });
-      return zest::einsum<g::broadcast_spec, policy, zest::detail::layout_constant<want>>(
-          reduced, ones);
+      return zest::einsum<g::broadcast_spec, policy, zest::detail::layout_constant<want>>(reduced,
+                                                                                          ones);
     }
   }
 }

@@ -15,21 +15,21 @@
 namespace zest::dmath {
 
 #if ZEST_DEVICE_PASS
-#define ZEST_DMATH_UNARY(name)                                                       \
-  template <class T>                                                                 \
-  ZEST_HOST_DEVICE inline T name(T x) {                                              \
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,             \
-                  "zest::dmath::" #name ": float or double");                        \
-    if constexpr (std::is_same_v<T, float>) return ::name##f(x);                     \
-    else return ::name(x);                                                           \
+#define ZEST_DMATH_UNARY(name)                                           \
+  template <class T>                                                     \
+  ZEST_HOST_DEVICE inline T name(T x) {                                  \
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, \
+                  "zest::dmath::" #name ": float or double");            \
+    if constexpr (std::is_same_v<T, float>) return ::name##f(x);         \
+    else return ::name(x);                                               \
   }
 #else
-#define ZEST_DMATH_UNARY(name)                                                       \
-  template <class T>                                                                 \
-  ZEST_HOST_DEVICE inline T name(T x) {                                              \
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,             \
-                  "zest::dmath::" #name ": float or double");                        \
-    return std::name(x);                                                             \
+#define ZEST_DMATH_UNARY(name)                                           \
+  template <class T>                                                     \
+  ZEST_HOST_DEVICE inline T name(T x) {                                  \
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, \
+                  "zest::dmath::" #name ": float or double");            \
+    return std::name(x);                                                 \
   }
 #endif
 ZEST_DMATH_UNARY(exp)

@@ -72,7 +72,7 @@ struct is_layout_type : std::false_type {};
 template <class... P>
 struct is_layout_type<layout<P...>> : std::true_type {};
 template <class O>
-  requires requires { typename O::zest_layout_value_tag; }
+requires requires { typename O::zest_layout_value_tag; }
 struct is_layout_type<O> : std::true_type {};
 
 // A forced output layout given as a normalised value (autodiff's gradients: the dual of a

@@ -183,10 +183,10 @@ struct routed_row {
 template <fixed_string Op>
 shape_error route_error(std::size_t group, std::size_t token, std::size_t choice, std::int32_t e,
                         std::int32_t c, std::size_t experts, std::size_t capacity) {
-  return shape_error(zest::detail::message("zest: ", Op.view(), ": token (g=", group, ", s=",
-                                           token, ") choice ", choice, " goes to expert ", e,
-                                           ", slot ", c, ", outside ", experts,
-                                           " experts of capacity ", capacity));
+  return shape_error(zest::detail::message("zest: ", Op.view(), ": token (g=", group, ", s=", token,
+                                           ") choice ", choice, " goes to expert ", e, ", slot ", c,
+                                           ", outside ", experts, " experts of capacity ",
+                                           capacity));
 }
 
 // The kept routes of the local shards. Indices are checked: an expert outside [0, E) or a
@@ -209,8 +209,7 @@ std::vector<routed_row> local_routes(const I& expert_index, const I& slot_index,
         const std::int32_t e = ei[at];
         if (e < 0 || static_cast<std::size_t>(e) >= experts ||
             static_cast<std::size_t>(c) >= capacity) {
-          throw route_error<Op>(expert_index.local_offsets()[0] + g, s, j, e, c, experts,
-                                capacity);
+          throw route_error<Op>(expert_index.local_offsets()[0] + g, s, j, e, c, experts, capacity);
         }
         out.push_back(
             {g * tokens + s,
@@ -295,8 +294,8 @@ namespace detail {
 
 // dispatch_by_index on the host backend: loops over the routes.
 template <class Out, sharded_tensor X, sharded_tensor I>
-auto dispatch_on_host(const autodiff::variable<X>& x, const I& ei, const I& si,
-                      std::size_t experts, std::size_t capacity) {
+auto dispatch_on_host(const autodiff::variable<X>& x, const I& ei, const I& si, std::size_t experts,
+                      std::size_t capacity) {
   using T = typename X::value_type;
   using out_t = Out;
   const X& xv = x.value();
@@ -366,8 +365,8 @@ auto combine_on_host(const autodiff::variable<Y>& y, const autodiff::variable<W>
       return 0;
     }
   }();
-  y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(),
-                    routes = std::move(routes), width, w_used = std::move(w_used)] {
+  y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(), routes = std::move(routes),
+                    width, w_used = std::move(w_used)] {
     if (!on->grad) return;
     const T* dz = std::as_const(*on->grad).local().data();
     if (yn->requires_grad) {
@@ -405,7 +404,6 @@ auto combine_on_host(const autodiff::variable<Y>& y, const autodiff::variable<W>
   return out;
 }
 
-
 // ---------------------------------------------------------------------------------------
 // The index path on every backend but the host: function objects for Backend::for_each, one
 // call per output element, each summing its inputs in the host's order (no atomics). A slot
@@ -434,8 +432,8 @@ struct bad_route {
 struct link_routes {
   const std::int32_t* expert;
   const std::int32_t* slot;
-  std::int64_t* head;  // [E][G_l][C]
-  std::int64_t* next;  // [n][k]
+  std::int64_t* head;                                // [E][G_l][C]
+  std::int64_t* next;                                // [n][k]
   std::size_t groups, per_group, experts, capacity;  // per_group = S * k
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t g = i / experts, e = i % experts;
@@ -513,8 +511,8 @@ struct route_dot {
       return;
     }
     const std::size_t t = a / k, g = t / tokens;
-    const std::size_t row = (static_cast<std::size_t>(expert[a]) * groups + g) * capacity +
-                            static_cast<std::size_t>(c);
+    const std::size_t row =
+        (static_cast<std::size_t>(expert[a]) * groups + g) * capacity + static_cast<std::size_t>(c);
     const T* p = dz + t * width;
     const T* q = y + row * width;
     T sum{};
@@ -536,9 +534,11 @@ struct device_routes {
 // As local_routes: indices outside [0, E) x [0, C) throw zest::shape_error (one sum on the
 // device; the message, on the error path only, from host copies).
 template <fixed_string Op, sharded_tensor I>
-std::shared_ptr<device_routes<typename I::backend_type>> device_local_routes(
-    const I& expert_index, const I& slot_index, std::size_t experts, std::size_t capacity,
-    bool lists) {
+std::shared_ptr<device_routes<typename I::backend_type>> device_local_routes(const I& expert_index,
+                                                                             const I& slot_index,
+                                                                             std::size_t experts,
+                                                                             std::size_t capacity,
+                                                                             bool lists) {
   using B = typename I::backend_type;
   const auto& le = expert_index.local_extents();  // [G_l][S][K]
   auto r = std::make_shared<device_routes<B>>();
@@ -579,17 +579,17 @@ std::shared_ptr<device_routes<typename I::backend_type>> device_local_routes(
 
 // dispatch_by_index on every other backend.
 template <class Out, sharded_tensor X, sharded_tensor I>
-auto dispatch_generic(const autodiff::variable<X>& x, const I& ei, const I& si,
-                      std::size_t experts, std::size_t capacity) {
+auto dispatch_generic(const autodiff::variable<X>& x, const I& ei, const I& si, std::size_t experts,
+                      std::size_t capacity) {
   using T = typename X::value_type;
   using B = typename X::backend_type;
   const X& xv = x.value();
   auto routes = device_local_routes<"dispatch_by_index">(ei, si, experts, capacity, true);
   const std::size_t width = xv.local_extents()[2];
   Out y(xv.mesh(), {experts, xv.extents()[0], capacity, xv.extents()[2]}, Out::uninitialized);
-  B::for_each(y.local_count(), gather_slots<T>{xv.local().data(), nullptr, routes->head.data(),
-                                               routes->next.data(), y.local().data(), width,
-                                               routes->k});
+  B::for_each(y.local_count(),
+              gather_slots<T>{xv.local().data(), nullptr, routes->head.data(), routes->next.data(),
+                              y.local().data(), width, routes->k});
   auto out = autodiff::detail::make_result(x.owner(), std::move(y), x.requires_grad());
   if (out.requires_grad()) {
     x.owner().record([xn = x.node(), on = out.node(), routes = std::move(routes), width] {
@@ -634,8 +634,8 @@ auto combine_generic(const autodiff::variable<Y>& y, const autodiff::variable<W>
       return 0;
     }
   }();
-  y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(),
-                    routes = std::move(routes), width, w_used = std::move(w_used)] {
+  y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(), routes = std::move(routes),
+                    width, w_used = std::move(w_used)] {
     if (!on->grad) return;
     const device_routes<B>& r = *routes;
     const T* dz = std::as_const(*on->grad).local().data();
@@ -655,10 +655,9 @@ auto combine_generic(const autodiff::variable<Y>& y, const autodiff::variable<W>
     }
     if (wn->requires_grad) {
       WGrad dw(wn->value.mesh(), wn->value.extents(), WGrad::uninitialized);
-      B::for_each(dw.local_count(),
-                  route_dot<T>{dz, std::as_const(yn->value).local().data(), r.expert.data(),
-                               r.slot.data(), dw.local().data(), width, r.k, r.tokens, r.groups,
-                               r.capacity});
+      B::for_each(dw.local_count(), route_dot<T>{dz, std::as_const(yn->value).local().data(),
+                                                 r.expert.data(), r.slot.data(), dw.local().data(),
+                                                 width, r.k, r.tokens, r.groups, r.capacity});
       wn->accumulate(zest::redistribute_to<autodiff::dual(W::layout)>(std::move(dw)));
     }
   });
@@ -764,10 +763,10 @@ auto combine_by_index(const autodiff::variable<Y>& y, const autodiff::variable<W
     decltype(auto) wu = autodiff::detail::at_layout<at>(weight.value());
     if constexpr (autodiff::detail::on_host<Y>) {
       return detail::combine_on_host<out_t, w_grad_t, moved>(y, weight, ei, si,
-                                                            std::forward<decltype(wu)>(wu));
+                                                             std::forward<decltype(wu)>(wu));
     } else {
       return detail::combine_generic<out_t, w_grad_t, moved>(y, weight, ei, si,
-                                                            std::forward<decltype(wu)>(wu));
+                                                             std::forward<decltype(wu)>(wu));
     }
   }
 }

@@ -757,8 +757,8 @@ auto route_generic(const autodiff::variable<L>& logits, const gating_options& o,
   r.first_counts = typename B::template buffer<std::int64_t>(cells);
   typename B::template buffer<std::int64_t> kept_counts(cells);
 
-  B::for_each(n, route_token<T, K>{lv.local().data(), r.probs.data(), r.lse.data(),
-                                   r.expert.data(), E});
+  B::for_each(
+      n, route_token<T, K>{lv.local().data(), r.probs.data(), r.lse.data(), r.expert.data(), E});
   B::for_each(cells, assign_slots<T, K>{r.probs.data(), r.expert.data(), r.slot.data(),
                                         r.first_counts.data(), kept_counts.data(), S, E, C,
                                         lv.local_offsets()[0], splitmix64(o.seed), random});
@@ -825,15 +825,16 @@ auto route_generic(const autodiff::variable<L>& logits, const gating_options& o,
                               : nullptr;
       const T* dweight = wn->grad ? std::as_const(*wn->grad).local().data() : nullptr;
       // The scalars' gradients, one element each, read on the host.
-      const double daux =
-          an->grad ? static_cast<double>(std::as_const(*an->grad).local_to_host()[0]) *
-                         static_cast<double>(E) /
-                         (static_cast<double>(S) * static_cast<double>(S) * G)
-                   : 0.0;
-      const T dz = zn->grad ? static_cast<T>(
-                                  static_cast<double>(std::as_const(*zn->grad).local_to_host()[0]) *
-                                  2.0 / (G * static_cast<double>(S)))
-                            : T(0);
+      const double daux = an->grad
+                              ? static_cast<double>(std::as_const(*an->grad).local_to_host()[0]) *
+                                    static_cast<double>(E) /
+                                    (static_cast<double>(S) * static_cast<double>(S) * G)
+                              : 0.0;
+      const T dz =
+          zn->grad
+              ? static_cast<T>(static_cast<double>(std::as_const(*zn->grad).local_to_host()[0]) *
+                               2.0 / (G * static_cast<double>(S)))
+              : T(0);
       autodiff::dual_tensor<L> dx(ln->value.mesh(), ln->value.extents(),
                                   autodiff::dual_tensor<L>::uninitialized);
       B::for_each(r.local_groups * S,
