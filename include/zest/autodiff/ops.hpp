@@ -894,13 +894,7 @@ variable<X> broadcast_apply(const variable<X>& x, const variable<Y>& y) {
   auto out = make_result(x.owner(), std::move(z), x.requires_grad() || y.requires_grad());
   if (!out.requires_grad()) return out;
   // y as used, for the product's gradient of x: y's own node unless it was moved.
-  auto y_used = [&] {
-    if constexpr (Multiply && moved) {
-      return std::move(yu);
-    } else {
-      return 0;
-    }
-  }();
+  auto y_used = detail::keep_if < Multiply && moved > (std::move(yu));
   x.owner().record([xn = x.node(), yn = y.node(), on = out.node(), w, y_used = std::move(y_used)] {
     if (!on->grad) return;
     const T* dz = std::as_const(*on->grad).local().data();
@@ -1042,13 +1036,7 @@ variable<X> generic_broadcast_apply(const variable<X>& x, const variable<Y>& y) 
                                    xv.local().data(), yu.local().data(), z.local().data(), map});
   auto out = make_result(x.owner(), std::move(z), x.requires_grad() || y.requires_grad());
   if (!out.requires_grad()) return out;
-  auto y_used = [&] {
-    if constexpr (Multiply && moved) {
-      return std::move(yu);
-    } else {
-      return 0;
-    }
-  }();
+  auto y_used = detail::keep_if < Multiply && moved > (std::move(yu));
   x.owner().record(
       [xn = x.node(), yn = y.node(), on = out.node(), map, y_used = std::move(y_used)] {
         if (!on->grad) return;

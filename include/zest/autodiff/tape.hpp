@@ -298,6 +298,17 @@ variable<Y> make_result(tape& t, Y&& value, bool requires_grad) {
   return variable<Y>(t, std::move(value), requires_grad);
 }
 
+// What a backward step keeps of an operand that the forward used through a copy: the copy
+// (moved in) when Keep, else nothing (0), and the step reads the operand's own node.
+template <bool Keep, class V>
+auto keep_if([[maybe_unused]] V&& v) {
+  if constexpr (Keep) {
+    return std::remove_cvref_t<V>(std::forward<V>(v));
+  } else {
+    return 0;
+  }
+}
+
 // The scalar dims.
 inline constexpr fixed_string<1> no_dims{};
 

@@ -12,9 +12,6 @@
 
 #if ZEST_HAS_MPI
 
-#include <string>
-#include <utility>
-
 #include "zest/backend/emulated/emulated_backend.hpp"
 #include "zest/comm/mpi_communicator.hpp"
 #include "zest/core/fixed_string.hpp"
@@ -26,8 +23,7 @@ namespace zest {
 class emulated_communicator : public mpi_communicator {
  public:
   using backend_type = emulated_backend;
-  emulated_communicator(MPI_Comm comm, std::string name)
-      : mpi_communicator(comm, std::move(name)) {}
+  using mpi_communicator::mpi_communicator;
 };
 
 // A class rather than an alias template, like zest::mesh (docs/design-notes.md).

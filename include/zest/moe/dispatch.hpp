@@ -358,13 +358,7 @@ auto combine_on_host(const autodiff::variable<Y>& y, const autodiff::variable<W>
                                            y.requires_grad() || weight.requires_grad());
   if (!out.requires_grad()) return out;
   // The weight as used, for y's gradient: the weight's own node unless it was moved.
-  auto w_used = [&] {
-    if constexpr (moved) {
-      return std::move(wu);
-    } else {
-      return 0;
-    }
-  }();
+  auto w_used = autodiff::detail::keep_if<moved>(std::move(wu));
   y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(), routes = std::move(routes),
                     width, w_used = std::move(w_used)] {
     if (!on->grad) return;
@@ -627,13 +621,7 @@ auto combine_generic(const autodiff::variable<Y>& y, const autodiff::variable<W>
                                            y.requires_grad() || weight.requires_grad());
   if (!out.requires_grad()) return out;
   // The weight as used, for y's gradient: the weight's own node unless it was moved.
-  auto w_used = [&] {
-    if constexpr (moved) {
-      return std::move(wu);
-    } else {
-      return 0;
-    }
-  }();
+  auto w_used = autodiff::detail::keep_if<moved>(std::move(wu));
   y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(), routes = std::move(routes),
                     width, w_used = std::move(w_used)] {
     if (!on->grad) return;
