@@ -144,7 +144,7 @@ void describe(const Param& p, const std::string& name) {
   const auto& names = mesh_t::axis_names;
   const auto& l = Param::layouts;
   if (!root) return;
-  const std::string dims = "\"" + std::string(Param::dims.view()) + "\"";
+  const std::string dims = "\"" + std::string(zest::view_of<Param::dims>) + "\"";
   std::printf("  %-16s %-5s stored %-26s compute %-13s gradient %-24s %zu of %zu\n", name.c_str(),
               dims.c_str(), zest::to_string(l.stored, names).c_str(),
               zest::to_string(l.compute, names).c_str(), zest::to_string(l.gradient, names).c_str(),

@@ -46,10 +46,10 @@ static_assert(std::is_same_v<autodiff::layout_type_of<mesh_t, lv<"mh", layout<sp
 
 // Gradient einsum specs.
 template <fixed_string Spec, std::size_t I>
-constexpr std::string_view grad_spec = autodiff::einsum_gradient<Spec, I>::spec.view();
+constexpr std::string_view grad_spec = view_of<autodiff::einsum_gradient<Spec, I>::spec>;
 template <fixed_string Spec, std::size_t I>
 constexpr std::string_view broadcast_spec =
-    autodiff::einsum_gradient<Spec, I>::broadcast_spec.view();
+    view_of<autodiff::einsum_gradient<Spec, I>::broadcast_spec>;
 static_assert(grad_spec<"bsm,mh->bsh", 0> == "bsh,mh->bsm");
 static_assert(grad_spec<"bsm,mh->bsh", 1> == "bsm,bsh->mh");
 static_assert(grad_spec<"ki,kj->ij", 0> == "ij,kj->ki");  // a transposed operand
@@ -61,7 +61,7 @@ static_assert(!autodiff::einsum_gradient<"bsm,mh->bsh", 1>::broadcasts);
 // Dims summed out of one operand alone come back by a broadcast with ones.
 static_assert(grad_spec<"bsm->sm", 0> == "sm->sm");
 static_assert(broadcast_spec<"bsm->sm", 0> == "sm,b->bsm");
-static_assert(autodiff::einsum_gradient<"bsm->sm", 0>::ones_dims.view() == "b");
+static_assert(view_of<autodiff::einsum_gradient<"bsm->sm", 0>::ones_dims> == "b");
 static_assert(grad_spec<"ij,jk->k", 0> == "k,jk->j");
 static_assert(broadcast_spec<"ij,jk->k", 0> == "j,i->ij");
 static_assert(autodiff::einsum_gradient<"ij->", 0>::reduced_dims.size() == 0);

@@ -94,7 +94,7 @@ void check_spec_gradients() {
   for (const auto& shape : mesh_shapes()) {
     einsum_mesh m(MPI_COMM_WORLD, shape);
     CAPTURE(m.describe());
-    CAPTURE(Spec.view());
+    CAPTURE(view_of<Spec>);
     check_gradient<Spec, 0>(m, rng);  // unsharded
     check_gradient<Spec, 1>(m, rng);
     check_gradient<Spec, 2>(m, rng);

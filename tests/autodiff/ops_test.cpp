@@ -191,7 +191,7 @@ void check_broadcast(const Mesh& m) {
   const globals in{global_values(xe, 1), global_values(ye, 2)};
   std::vector<double> want(in[0].size());
   for (std::size_t f = 0; f < want.size(); ++f) {
-    const double b = in[1][sub_flat("btm", unflatten(f, xe), xe, YDims.view())];
+    const double b = in[1][sub_flat("btm", unflatten(f, xe), xe, view_of<YDims>)];
     want[f] = Multiply ? in[0][f] * b : in[0][f] + b;
   }
   check_op(run, in, want);
@@ -437,7 +437,7 @@ TEST_CASE("causal_softmax equals softmax(causal_mask(x))") {
 template <char D>
 constexpr fixed_string<2> dim_name() {
   fixed_string<2> s;
-  s.data[0] = D;
+  s.set(0, D);
   return s;
 }
 
@@ -672,10 +672,10 @@ void check_reduce_sum(const Mesh& m) {
   };
   const globals in{global_values(xe, 15)};
   std::size_t out_count = 1;
-  for (char c : OutDims.view()) out_count *= xe[std::string_view("btm").find(c)];
+  for (char c : view_of<OutDims>) out_count *= xe[std::string_view("btm").find(c)];
   std::vector<double> want(out_count, 0.0);
   for (std::size_t f = 0; f < in[0].size(); ++f) {
-    want[sub_flat("btm", unflatten(f, xe), xe, OutDims.view())] += in[0][f];
+    want[sub_flat("btm", unflatten(f, xe), xe, view_of<OutDims>)] += in[0][f];
   }
   check_op(run, in, want);
 }

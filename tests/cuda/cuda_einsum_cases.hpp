@@ -106,7 +106,7 @@ void check_gpu_spec() {
     const gpu_einsum_mesh& gm = shared_gpu_einsum_mesh(shape);
     einsum_mesh hm(MPI_COMM_WORLD, shape);
     CAPTURE(gm.describe());
-    CAPTURE(Spec.view());
+    CAPTURE(view_of<Spec>);
     for (int trial = 0; trial < 2; ++trial) {
       check_gpu_einsum<T, Spec, 0>(gm, hm, rng, tol);
       check_gpu_einsum<T, Spec, 1>(gm, hm, rng, tol);

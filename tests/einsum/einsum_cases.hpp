@@ -19,13 +19,13 @@ namespace zest::testing {
 using einsum_mesh = mesh<"dp", "tp">;
 
 template <fixed_string Spec>
-inline constexpr einsum_spec spec_of = parse_einsum(Spec.view());
+inline constexpr einsum_spec spec_of = parse_einsum(view_of<Spec>);
 
 template <fixed_string Spec, std::size_t I>
 constexpr auto term_dims() {
   constexpr einsum_term t = spec_of<Spec>.inputs[I];
   fixed_string<t.size + 1> out;
-  for (std::size_t k = 0; k < t.size; ++k) out.data[k] = t.letters[k];
+  for (std::size_t k = 0; k < t.size; ++k) out.set(k, t.letters[k]);
   return out;
 }
 
@@ -129,7 +129,7 @@ void check_spec() {
   for (const auto& shape : mesh_shapes()) {
     einsum_mesh m(MPI_COMM_WORLD, shape);
     CAPTURE(m.describe());
-    CAPTURE(Spec.view());
+    CAPTURE(view_of<Spec>);
     for (int trial = 0; trial < 2; ++trial) {
       check_einsum<T, Spec, 0>(m, rng, tol);
       check_einsum<T, Spec, 1>(m, rng, tol);

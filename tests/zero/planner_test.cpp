@@ -84,7 +84,7 @@ static_assert(phase<3>(zero_phase::parameter_update).size() == 0);
 static_assert(phase<3>(zero_phase::gradient_reduction)[0].dim == 'm');
 
 // The planner's positional dims.
-static_assert(detail::positional_dims<3>().view() == "abc");
+static_assert(view_of<detail::positional_dims<3>()> == "abc");
 
 // --- helpers ----------------------------------------------------------------------------
 

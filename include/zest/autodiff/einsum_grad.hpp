@@ -49,7 +49,7 @@ struct spec_text {
 // The letters of operand i that the gradient einsum can produce: those in the output or in
 // another operand, in the operand's order.
 constexpr einsum_term reduced_term(const einsum_spec& s, std::size_t i) {
-  einsum_term out;
+  einsum_term out{};
   const einsum_term& t = s.inputs[i];
   for (std::size_t k = 0; k < t.size; ++k) {
     const char c = t.letters[k];
@@ -60,7 +60,7 @@ constexpr einsum_term reduced_term(const einsum_spec& s, std::size_t i) {
 
 // The letters of operand i summed out of it alone: broadcast back in its gradient.
 constexpr einsum_term broadcast_term(const einsum_spec& s, std::size_t i) {
-  einsum_term out;
+  einsum_term out{};
   const einsum_term& t = s.inputs[i];
   const einsum_term kept = reduced_term(s, i);
   for (std::size_t k = 0; k < t.size; ++k) {
@@ -96,7 +96,7 @@ namespace detail {
 template <std::size_t N>
 constexpr auto freeze(const spec_text& t) {
   fixed_string<N + 1> out;
-  for (std::size_t k = 0; k < N; ++k) out.data[k] = t.chars[k];
+  for (std::size_t k = 0; k < N; ++k) out.set(k, t.chars[k]);
   return out;
 }
 constexpr spec_text term_text(const einsum_term& t) {
@@ -109,7 +109,7 @@ constexpr spec_text term_text(const einsum_term& t) {
 // Everything about the gradient of einsum<Spec> with respect to operand I, at compile time.
 template <fixed_string Spec, std::size_t I>
 struct einsum_gradient {
-  static constexpr einsum_spec forward = parse_einsum(Spec.view());
+  static constexpr einsum_spec forward = parse_einsum(view_of<Spec>);
   static_assert(
       forward.ok(),
       "zest autodiff: the forward einsum spec does not parse (see zest::einsum's message)");

@@ -298,7 +298,7 @@ template <class Mesh>
 inline constexpr layout_value whole_layout = replicated_layout(Mesh::axis_count);
 
 // x as a tensor of layout L: a reference to x itself when it has that layout already.
-template <layout_value L, sharded_tensor X>
+template <layout_key L, sharded_tensor X>
 decltype(auto) at_layout(const X& x) {
   if constexpr (X::layout == L) {
     return (x);
@@ -511,10 +511,10 @@ void check_extents(const X& x, const Y& y, std::string_view x_name, std::string_
   for (std::size_t k = 0; k < Y::rank; ++k) {
     const char d = Y::dims[k];
     if (y.extents()[k] != x.extent(d)) {
-      throw shape_error(zest::detail::message("zest: ", Op.view(), ": dim '", d, "' has extent ",
-                                              x.extent(d), " in ", x_name, " (\"", X::dims.view(),
+      throw shape_error(zest::detail::message("zest: ", view_of<Op>, ": dim '", d, "' has extent ",
+                                              x.extent(d), " in ", x_name, " (\"", view_of<X::dims>,
                                               "\") but ", y.extents()[k], " in ", y_name, " (\"",
-                                              Y::dims.view(), "\")"));
+                                              view_of<Y::dims>, "\")"));
     }
   }
 }
@@ -875,13 +875,13 @@ variable<X> softmax_along(const variable<X>& x) {
 template <fixed_string Op, bool Multiply, sharded_tensor X, sharded_tensor Y>
 variable<X> broadcast_apply(const variable<X>& x, const variable<Y>& y) {
   using T = typename X::value_type;
-  constexpr layout_value y_at = splits_of(X::layout, Y::dims.view());
+  constexpr layout_value y_at = splits_of(X::layout, view_of<Y::dims>);
   using y_grad_t = typename relayout<Y, dual(y_at)>::type;  // pending where x's extra dims split
   check_extents<Op>(x.value(), y.value(), "x", "y");
   const X& xv = x.value();
   constexpr bool moved = Y::layout != y_at;  // y used through a copy in layout y_at
   decltype(auto) yu = at_layout<y_at>(y.value());
-  const broadcast_walk w = walk_of(X::dims.view(), Y::dims.view(), xv.local_extents());
+  const broadcast_walk w = walk_of(view_of<X::dims>, view_of<Y::dims>, xv.local_extents());
   X z(xv.mesh(), xv.extents(), X::uninitialized);
   {
     const T* px = xv.local().data();
@@ -939,7 +939,7 @@ constexpr bool check_broadcast() {
   } else if constexpr (Y::layout.any_partial()) {
     (void)autodiff_error::partial_operand<Op, Y>{};
     return false;
-  } else if constexpr (!is_subsequence(Y::dims.view(), X::dims.view())) {
+  } else if constexpr (!is_subsequence(view_of<Y::dims>, view_of<X::dims>)) {
     (void)autodiff_error::not_a_subsequence<Op, X, Y>{};
     return false;
   } else {
@@ -962,9 +962,9 @@ template <fixed_string Op, sharded_tensor Ids>
 [[noreturn]] void bad_index(const Ids& ids, std::size_t flat, std::int64_t id, std::size_t rows,
                             std::string_view what) {
   throw shape_error(zest::detail::message(
-      "zest: ", Op.view(), ": ", what, " ", id, " at position (",
-      position_of(Ids::dims.view(), ids.local_extents(), ids.local_offsets(), flat), ") of \"",
-      Ids::dims.view(), "\" is outside [0, ", rows, ")"));
+      "zest: ", view_of<Op>, ": ", what, " ", id, " at position (",
+      position_of(view_of<Ids::dims>, ids.local_extents(), ids.local_offsets(), flat), ") of \"",
+      view_of<Ids::dims>, "\" is outside [0, ", rows, ")"));
 }
 
 // Dropout's keep test for global flat index i: a uniform 53-bit draw at or above p.
@@ -1023,14 +1023,14 @@ template <fixed_string Op, bool Multiply, sharded_tensor X, sharded_tensor Y>
 variable<X> generic_broadcast_apply(const variable<X>& x, const variable<Y>& y) {
   using T = typename X::value_type;
   using B = typename X::backend_type;
-  constexpr layout_value y_at = splits_of(X::layout, Y::dims.view());
+  constexpr layout_value y_at = splits_of(X::layout, view_of<Y::dims>);
   using y_grad_t = typename relayout<Y, dual(y_at)>::type;
   check_extents<Op>(x.value(), y.value(), "x", "y");
   const X& xv = x.value();
   constexpr bool moved = Y::layout != y_at;
   decltype(auto) yu = at_layout<y_at>(y.value());
   const kernels::broadcast_map map =
-      broadcast_map_of(walk_of(X::dims.view(), Y::dims.view(), xv.local_extents()));
+      broadcast_map_of(walk_of(view_of<X::dims>, view_of<Y::dims>, xv.local_extents()));
   X z(xv.mesh(), xv.extents(), X::uninitialized);
   B::for_each(z.local_count(), kernels::broadcast_combine<T, Multiply>{
                                    xv.local().data(), yu.local().data(), z.local().data(), map});
@@ -1266,7 +1266,7 @@ template <char V, sharded_tensor L, sharded_tensor Targets>
 auto generic_cross_entropy(const variable<L>& logits, const Targets& targets) {
   using T = typename L::value_type;
   using B = typename L::backend_type;
-  constexpr layout_value targets_at = splits_of(L::layout, Targets::dims.view());
+  constexpr layout_value targets_at = splits_of(L::layout, view_of<Targets::dims>);
   constexpr layout_value scalar_layout = scalar_sum_layout(L::layout);
   using s_t = basic_tensor<T, typename L::mesh_type, no_dims, scalar_layout>;
   const L& lv = logits.value();
@@ -1274,7 +1274,7 @@ auto generic_cross_entropy(const variable<L>& logits, const Targets& targets) {
   std::size_t count = 1;
   for (std::size_t k = 0; k < L::rank; ++k) count *= k == L::dim_index(V) ? 1 : lv.extents()[k];
   if (count == 0) {
-    throw shape_error(zest::detail::message("zest: cross_entropy: the logits \"", L::dims.view(),
+    throw shape_error(zest::detail::message("zest: cross_entropy: the logits \"", view_of<L::dims>,
                                             "\" have no token positions to average over"));
   }
   const auto& tv = at_layout<targets_at>(targets);
@@ -1315,14 +1315,14 @@ template <fixed_string OutDims, sharded_tensor X>
 auto generic_reduce_sum(const variable<X>& x) {
   using T = typename X::value_type;
   using B = typename X::backend_type;
-  constexpr layout_value out_layout = summed_layout(X::layout, OutDims.view());
+  constexpr layout_value out_layout = summed_layout(X::layout, view_of<OutDims>);
   using out_t = basic_tensor<T, typename X::mesh_type, OutDims, out_layout>;
   const X& xv = x.value();
   typename out_t::extents_type extents{};
   for (std::size_t k = 0; k < out_t::rank; ++k) extents[k] = xv.extent(OutDims[k]);
   out_t y(xv.mesh(), extents, out_t::uninitialized);
   const kernels::broadcast_map map =
-      broadcast_map_of(walk_of(X::dims.view(), OutDims.view(), xv.local_extents()));
+      broadcast_map_of(walk_of(view_of<X::dims>, view_of<OutDims>, xv.local_extents()));
   run_broadcast_sum<B>(xv.local().data(), static_cast<const T*>(nullptr), y.local().data(),
                        y.local_count(), map);
   auto out = make_result(x.owner(), std::move(y), x.requires_grad());
@@ -1580,7 +1580,7 @@ auto layer_norm(const variable<X>& x, const variable<G>& gamma, const variable<G
   } else {
     using T = typename X::value_type;
     constexpr layout_value whole = detail::whole_layout<typename X::mesh_type>;
-    constexpr layout_value pending = dual(whole);  // sums over rows, pending on every axis
+    static constexpr layout_value pending = dual(whole);  // sums over rows, pending on every axis
     using param_grad_t = typename detail::relayout<G, pending>::type;
     detail::check_extents<"layer_norm">(x.value(), gamma.value(), "x", "gamma");
     detail::check_extents<"layer_norm">(x.value(), beta.value(), "x", "beta");
@@ -1753,7 +1753,7 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
     return detail::generic_cross_entropy<V>(logits, targets);
   } else {
     using T = typename L::value_type;
-    constexpr layout_value targets_at = detail::splits_of(L::layout, Targets::dims.view());
+    constexpr layout_value targets_at = detail::splits_of(L::layout, view_of<Targets::dims>);
     constexpr layout_value scalar_layout = detail::scalar_sum_layout(L::layout);
     using s_t = basic_tensor<T, typename L::mesh_type, detail::no_dims, scalar_layout>;
     const L& lv = logits.value();
@@ -1761,7 +1761,7 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
     std::size_t count = 1;
     for (std::size_t k = 0; k < L::rank; ++k) count *= k == L::dim_index(V) ? 1 : lv.extents()[k];
     if (count == 0) {
-      throw shape_error(zest::detail::message("zest: cross_entropy: the logits \"", L::dims.view(),
+      throw shape_error(zest::detail::message("zest: cross_entropy: the logits \"", view_of<L::dims>,
                                               "\" have no token positions to average over"));
     }
     const auto& tv = detail::at_layout<targets_at>(targets);
@@ -1816,21 +1816,21 @@ template <fixed_string OutDims, sharded_tensor X>
 auto reduce_sum(const variable<X>& x) {
   if constexpr (!detail::check_real_operand<"reduce_sum", X>()) {
     return 0;
-  } else if constexpr (!detail::is_subsequence(OutDims.view(), X::dims.view())) {
+  } else if constexpr (!detail::is_subsequence(view_of<OutDims>, view_of<X::dims>)) {
     (void)autodiff_error::reduce_dims<OutDims, X>{};
     return 0;
   } else if constexpr (!detail::on_host<X>) {
     return detail::generic_reduce_sum<OutDims>(x);
   } else {
     using T = typename X::value_type;
-    constexpr layout_value out_layout = detail::summed_layout(X::layout, OutDims.view());
+    constexpr layout_value out_layout = detail::summed_layout(X::layout, view_of<OutDims>);
     using out_t = basic_tensor<T, typename X::mesh_type, OutDims, out_layout>;
     const X& xv = x.value();
     typename out_t::extents_type extents{};
     for (std::size_t k = 0; k < out_t::rank; ++k) extents[k] = xv.extent(OutDims[k]);
     out_t y(xv.mesh(), extents);
     const detail::broadcast_walk w =
-        detail::walk_of(X::dims.view(), OutDims.view(), xv.local_extents());
+        detail::walk_of(view_of<X::dims>, view_of<OutDims>, xv.local_extents());
     {
       const T* px = xv.local().data();
       T* py = y.local().data();

@@ -211,7 +211,7 @@ constexpr bool share_partial_axis(const layout_value& x, const layout_value& y) 
   return false;
 }
 
-template <layout_value L, sharded_tensor X>
+template <layout_key L, sharded_tensor X>
 auto as_layout(const X& x) {
   if constexpr (X::layout == L) {
     return x;
@@ -370,7 +370,7 @@ auto add_signed(const variable<X>& x, const variable<Y>& y) {
   if constexpr (!check_elementwise<X, Y>()) {
     return 0;
   } else {
-    constexpr layout_value meet = meeting_layout(X::layout, Y::layout);
+    static constexpr layout_value meet = meeting_layout(X::layout, Y::layout);
     using z_t = typename relayout<X, meet>::type;
     using T = typename X::value_type;
     using op_t = std::conditional_t<(Sign > 0), kernels::plus<T>, kernels::minus<T>>;
@@ -439,11 +439,11 @@ auto multiply(const variable<X>& x, const variable<Y>& y) {
     return 0;
   } else {
     using T = typename X::value_type;
-    constexpr layout_value meet = detail::meeting_layout(X::layout, Y::layout);
+    static constexpr layout_value meet = detail::meeting_layout(X::layout, Y::layout);
     constexpr layout_value x_at = detail::keep_own_partials(meet, X::layout);
     constexpr layout_value y_at = detail::keep_own_partials(meet, Y::layout);
-    constexpr layout_value x_grad = dual(x_at);
-    constexpr layout_value y_grad = dual(y_at);
+    static constexpr layout_value x_grad = dual(x_at);
+    static constexpr layout_value y_grad = dual(y_at);
     using z_t = typename detail::relayout<X, meet>::type;
     auto xu = detail::as_layout<x_at>(x.value());
     auto yu = detail::as_layout<y_at>(y.value());

@@ -77,10 +77,10 @@ struct is_layout_type<O> : std::true_type {};
 
 // A forced output layout given as a normalised value (autodiff's gradients: the dual of a
 // layout is a value, and nvcc cannot turn a value back into a layout<...> type).
-template <layout_value L>
+template <layout_key L>
 struct layout_constant {
   using zest_layout_value_tag = void;
-  static constexpr layout_value value = L;
+  static constexpr layout_value value = to_layout(L);
 };
 
 // The forced layout's value for a tensor with dims Dims on Mesh.
@@ -111,7 +111,7 @@ struct einsum_options {
 };
 
 template <fixed_string Spec>
-inline constexpr einsum_spec parsed_spec = parse_einsum(Spec.view());
+inline constexpr einsum_spec parsed_spec = parse_einsum(view_of<Spec>);
 
 enum class einsum_input_problem : std::uint8_t {
   none,
@@ -184,7 +184,7 @@ template <fixed_string Spec, std::size_t N>
 constexpr auto output_dims() {
   constexpr einsum_spec s = parsed_spec<Spec>;
   fixed_string<N + 1> out;
-  for (std::size_t i = 0; i < N; ++i) out.data[i] = s.output.letters[i];
+  for (std::size_t i = 0; i < N; ++i) out.set(i, s.output.letters[i]);
   return out;
 }
 
@@ -289,7 +289,7 @@ constexpr bool einsum_valid() {
 }
 
 // The operand as the plan needs it: the tensor itself when its layout already fits.
-template <layout_value L, class X>
+template <layout_key L, class X>
 decltype(auto) in_layout(const X& x) {
   if constexpr (X::layout == L) {
     return (x);
@@ -317,7 +317,7 @@ std::array<std::size_t, parsed_spec<Spec>.output.size> checked_output_extents(co
         extent[u] = e;
       } else if (extent[u] != e) {
         throw shape_error(detail::message(
-            "zest: einsum \"", Spec.view(), "\": dim '", term.letters[k], "' has extent ",
+            "zest: einsum \"", view_of<Spec>, "\": dim '", term.letters[k], "' has extent ",
             extent[u], " in operand ", seen_in[u], " but ", e, " in operand ", operand));
       }
     }

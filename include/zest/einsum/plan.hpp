@@ -34,6 +34,8 @@ enum class einsum_problem : std::uint8_t { none, partial_twice };
 
 struct einsum_plan {
   std::array<layout_value, max_operands> operand_layouts{};  // what each operand is brought to
+  // The fixed-order plans (plan_transition(from, to)): whether and at most what each transition
+  // sends. What runs is the cheapest plan for the run-time extents (transition_plan_for).
   std::array<transition_plan, max_operands> operand_steps{};
   layout_value contraction_output{};  // layout of the local contraction's result
   transition_plan output_steps{};     // to a layout the caller forced

@@ -44,8 +44,8 @@ constexpr std::string_view describe(spec_problem p) {
 }
 
 struct einsum_term {
-  std::array<char, max_dims> letters{};
-  std::uint8_t size = 0;
+  std::array<char, max_dims> letters;
+  std::uint8_t size;
 
   constexpr bool operator==(const einsum_term&) const = default;
   constexpr std::string_view view() const { return {letters.data(), size}; }
@@ -97,7 +97,7 @@ constexpr einsum_spec parse_einsum(std::string_view text) {
     return spec_problem::none;
   };
 
-  einsum_term current;
+  einsum_term current{};
   bool any = false;
   for (std::size_t i = 0; i < arrow; ++i) {
     const char c = text[i];

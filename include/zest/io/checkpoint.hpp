@@ -127,7 +127,7 @@ tensor_record make_record(std::string name, const X& tensor, std::span<std::byte
   }
   tensor_record r;
   r.name = std::move(name);
-  r.dims = std::string(X::dims.view());
+  r.dims = std::string(view_of<X::dims>);
   r.type = dtype_of<typename X::value_type>();
   r.global_extents.assign(tensor.extents().begin(), tensor.extents().end());
   r.local_offsets.assign(tensor.local_offsets().begin(), tensor.local_offsets().end());

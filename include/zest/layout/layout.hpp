@@ -32,18 +32,27 @@ struct layout {};
 // The placement of one mesh axis. For a split, `order` is the position of this axis among
 // the axes that split `dim` (0 = major).
 struct axis_placement {
-  placement_kind kind = placement_kind::replicate;
-  char dim = 0;
-  std::uint8_t order = 0;
+  placement_kind kind;
+  char dim;
+  std::uint8_t order;
   constexpr bool operator==(const axis_placement&) const = default;
 };
 
+// A layout as a template argument: one integer, so that it has exactly one spelling in every
+// compiler's mangled names (docs/design-notes.md, "Template arguments have one spelling").
+// Each axis takes 9 bits: 0 replicate, 1 partial, 2 + 6 * letter + order for a split of the
+// dim whose letter is `letter` (a-z 0-25, A-Z 26-51) at nesting position `order`; the axis
+// count sits above them. A layout_value converts to its key wherever a key is expected.
+enum class layout_key : std::uint64_t {};
+
 // The normalised layout: axes[i] is what mesh axis i does to the tensor.
 struct layout_value {
-  std::array<axis_placement, max_axes> axes{};
-  std::uint8_t axis_count = 0;
+  std::array<axis_placement, max_axes> axes;
+  std::uint8_t axis_count;
 
   constexpr bool operator==(const layout_value&) const = default;
+  // The template-argument form of this layout (below).
+  constexpr operator layout_key() const;  // NOLINT: implicit by design
 
   constexpr bool is_replicate(std::size_t a) const {
     return axes[a].kind == placement_kind::replicate;
@@ -79,9 +88,57 @@ struct layout_value {
   }
 };
 
+
+namespace detail {
+inline constexpr unsigned layout_key_axis_bits = 9;
+constexpr unsigned layout_letter_index(char d) {
+  if (d >= 'a' && d <= 'z') return static_cast<unsigned>(d - 'a');
+  if (d >= 'A' && d <= 'Z') return 26U + static_cast<unsigned>(d - 'A');
+  throw "zest layout_key: a split dim is not a letter a-z or A-Z";
+}
+constexpr char layout_letter(unsigned i) {
+  return i < 26 ? static_cast<char>('a' + i) : static_cast<char>('A' + (i - 26));
+}
+}  // namespace detail
+
+constexpr layout_value::operator layout_key() const {
+  static_assert(max_axes * detail::layout_key_axis_bits + 3 <= 64 && 2 + 52 * max_axes < 512);
+  std::uint64_t bits = 0;
+  for (std::size_t a = axis_count; a-- > 0;) {
+    const auto& p = axes[a];
+    std::uint64_t state = 0;
+    if (p.kind == placement_kind::partial) {
+      state = 1;
+    } else if (p.kind == placement_kind::split) {
+      state = 2 + max_axes * detail::layout_letter_index(p.dim) + p.order;
+    }
+    bits = (bits << detail::layout_key_axis_bits) | state;
+  }
+  return static_cast<layout_key>(bits | (std::uint64_t{axis_count}
+                                         << (max_axes * detail::layout_key_axis_bits)));
+}
+
+// The layout a key stands for.
+constexpr layout_value to_layout(layout_key key) {
+  const auto bits = static_cast<std::uint64_t>(key);
+  layout_value v{};
+  v.axis_count = static_cast<std::uint8_t>(bits >> (max_axes * detail::layout_key_axis_bits));
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    const auto state = static_cast<unsigned>((bits >> (a * detail::layout_key_axis_bits)) & 511U);
+    if (state == 1) {
+      v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
+    } else if (state >= 2) {
+      v.axes[a] = axis_placement{placement_kind::split,
+                                 detail::layout_letter((state - 2) / max_axes),
+                                 static_cast<std::uint8_t>((state - 2) % max_axes)};
+    }
+  }
+  return v;
+}
+
 // The fully replicated layout over n axes.
 constexpr layout_value replicated_layout(std::size_t n) {
-  layout_value v;
+  layout_value v{};
   v.axis_count = static_cast<std::uint8_t>(n);
   return v;
 }

@@ -21,10 +21,7 @@
 
 namespace zest {
 
-// No enumerator is zero: g++ 12 mangles a class-type template argument without its
-// zero-valued array elements, so two layouts that differ only by where a replicated axis
-// sits would get one symbol (and the linker would keep one body for both).
-enum class placement_kind : std::uint8_t { replicate = 1, split = 2, partial = 3 };
+enum class placement_kind : std::uint8_t { replicate, split, partial };
 
 // Each placement states what it is through static members (kind, dim, axes) rather than
 // being recognised by pattern matching: that is what the `placement` concept checks, and
@@ -33,21 +30,21 @@ template <fixed_string Axis>
 struct replicate {
   static constexpr placement_kind kind = placement_kind::replicate;
   static constexpr char dim = 0;
-  static constexpr std::array<std::string_view, 1> axes{Axis.view()};
+  static constexpr std::array<std::string_view, 1> axes{view_of<Axis>};
 };
 
 template <char Dim, fixed_string... Axes>
 struct split {
   static constexpr placement_kind kind = placement_kind::split;
   static constexpr char dim = Dim;
-  static constexpr std::array<std::string_view, sizeof...(Axes)> axes{Axes.view()...};
+  static constexpr std::array<std::string_view, sizeof...(Axes)> axes{view_of<Axes>...};
 };
 
 template <fixed_string Axis>
 struct partial {
   static constexpr placement_kind kind = placement_kind::partial;
   static constexpr char dim = 0;
-  static constexpr std::array<std::string_view, 1> axes{Axis.view()};
+  static constexpr std::array<std::string_view, 1> axes{view_of<Axis>};
 };
 
 template <class P>

@@ -34,7 +34,7 @@ namespace zest {
 namespace detail {
 template <fixed_string... Axes>
 constexpr bool axis_names_valid() {
-  constexpr std::array<std::string_view, sizeof...(Axes)> names{Axes.view()...};
+  constexpr std::array<std::string_view, sizeof...(Axes)> names{view_of<Axes>...};
   for (std::size_t i = 0; i < names.size(); ++i) {
     if (names[i].empty()) return false;
     for (std::size_t j = 0; j < i; ++j) {
@@ -56,14 +56,14 @@ class basic_mesh {
  public:
   using communicator_type = Comm;
   static constexpr std::size_t axis_count = sizeof...(Axes);
-  static constexpr std::array<std::string_view, axis_count> axis_names{Axes.view()...};
+  static constexpr std::array<std::string_view, axis_count> axis_names{view_of<Axes>...};
 
   // Index of an axis by name, at compile time.
   template <fixed_string Axis>
   static constexpr std::size_t axis_index() {
     constexpr std::size_t i = [] {
       for (std::size_t k = 0; k < axis_count; ++k) {
-        if (axis_names[k] == Axis.view()) return k;
+        if (axis_names[k] == view_of<Axis>) return k;
       }
       return axis_count;
     }();

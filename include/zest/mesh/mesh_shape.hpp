@@ -31,7 +31,7 @@ class mesh_shape {
 
  public:
   static constexpr std::size_t axis_count = sizeof...(Axes);
-  static constexpr std::array<std::string_view, axis_count> axis_names{Axes.view()...};
+  static constexpr std::array<std::string_view, axis_count> axis_names{view_of<Axes>...};
 
   // The rank at `coords` (all zeros by default) of a mesh with these sizes.
   constexpr explicit mesh_shape(std::array<int, axis_count> sizes,

@@ -147,7 +147,7 @@ constexpr bool expert_axis_movable(const layout_value& v, std::size_t axis) {
 
 template <fixed_string Op, class X, fixed_string Dims>
 constexpr bool check_dims() {
-  if constexpr (X::dims.view() != Dims.view()) {
+  if constexpr (view_of<X::dims> != view_of<Dims>) {
     (void)dispatch_error::wrong_dims<Op, X, Dims>{};
     return false;
   } else {
@@ -183,7 +183,7 @@ struct routed_row {
 template <fixed_string Op>
 shape_error route_error(std::size_t group, std::size_t token, std::size_t choice, std::int32_t e,
                         std::int32_t c, std::size_t experts, std::size_t capacity) {
-  return shape_error(zest::detail::message("zest: ", Op.view(), ": token (g=", group, ", s=", token,
+  return shape_error(zest::detail::message("zest: ", view_of<Op>, ": token (g=", group, ", s=", token,
                                            ") choice ", choice, " goes to expert ", e, ", slot ", c,
                                            ", outside ", experts, " experts of capacity ",
                                            capacity));
@@ -224,13 +224,13 @@ std::vector<routed_row> local_routes(const I& expert_index, const I& slot_index,
 template <fixed_string Op, class A, class B>
 void check_same_extents(const A& a, const B& b, std::string_view a_name, std::string_view b_name) {
   if (a.extents() != b.extents()) {
-    throw shape_error(zest::detail::message("zest: ", Op.view(), ": ", a_name, " and ", b_name,
+    throw shape_error(zest::detail::message("zest: ", view_of<Op>, ": ", a_name, " and ", b_name,
                                             " \"gsk\" have different extents"));
   }
 }
 
 // A variable with layout L: redistribute on the tape, its backward the dual redistribute.
-template <layout_value L, sharded_tensor X>
+template <layout_key L, sharded_tensor X>
 auto redistribute_variable(const autodiff::variable<X>& x) {
   auto out = autodiff::detail::make_result(x.owner(), zest::redistribute_to<L>(x.value()),
                                            x.requires_grad());
@@ -252,7 +252,7 @@ auto redistribute_variable(const autodiff::variable<X>& x) {
 template <fixed_string ExpertAxis, sharded_tensor D>
 struct expert_layout_of {
   using mesh_type = typename D::mesh_type;
-  static constexpr std::size_t axis = detail::axis_named<mesh_type>(ExpertAxis.view());
+  static constexpr std::size_t axis = detail::axis_named<mesh_type>(view_of<ExpertAxis>);
   static constexpr layout_value layout =
       axis < mesh_type::axis_count ? detail::expert_side(D::layout, axis) : D::layout;
   using type = basic_tensor<typename D::value_type, mesh_type, D::dims, layout>;
@@ -278,7 +278,7 @@ auto to_expert_layout(const autodiff::variable<D>& dispatched) {
 
 // The experts' output back to the layout of the dispatched tensor (TokenLayout, e.g.
 // decltype(d)::tensor_type::layout): the inverse all-to-all.
-template <layout_value TokenLayout, sharded_tensor Y>
+template <layout_key TokenLayout, sharded_tensor Y>
 auto to_token_layout(const autodiff::variable<Y>& y) {
   if constexpr (!detail::check_dims<"to_token_layout", Y, "egcm">()) {
     return 0;
@@ -808,7 +808,7 @@ template <sharded_tensor D, fixed_string ExpertAxis = "ep">
 all_to_all_volume all_to_all_bytes(const typename D::mesh_type& mesh,
                                    const typename D::extents_type& extents) {
   using target = expert_layout_of<ExpertAxis, D>;
-  static_assert(D::dims.view() == "egcm",
+  static_assert(view_of<D::dims> == "egcm",
                 "zest moe all_to_all_bytes: D is the dispatched tensor, dims \"egcm\"");
   static_assert(target::axis < D::mesh_type::axis_count,
                 "zest moe all_to_all_bytes: the mesh has no axis of the expert axis' name");

@@ -158,10 +158,10 @@ inline constexpr fixed_string<5> slot_dims{"gsec"};
 inline constexpr fixed_string<4> choice_dims{"gsk"};
 
 // The routing of this rank's groups; TokenLayout is the layout of the "gse" logits.
-template <class Mesh, layout_value TokenLayout, class T>
+template <class Mesh, layout_key TokenLayout, class T>
 struct routing {
-  static constexpr layout_value layout = TokenLayout;
-  static constexpr layout_value scalar_layout = autodiff::detail::scalar_sum_layout(TokenLayout);
+  static constexpr layout_value layout = to_layout(TokenLayout);
+  static constexpr layout_value scalar_layout = autodiff::detail::scalar_sum_layout(layout);
   using slot_tensor = basic_tensor<T, Mesh, slot_dims, TokenLayout>;                // "gsec"
   using index_tensor = basic_tensor<std::int32_t, Mesh, choice_dims, TokenLayout>;  // "gsk"
   using weight_tensor = basic_tensor<T, Mesh, choice_dims, TokenLayout>;            // "gsk"
@@ -861,12 +861,12 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o) {
   const std::size_t G = lv.extent('g'), S = lv.extent('s'), E = lv.extent('e');
   if (o.top_k != K) {
     throw shape_error(zest::detail::message(
-        "zest: ", Op.view(), ": options.top_k is ", o.top_k, ", this gating routes to ", K,
+        "zest: ", view_of<Op>, ": options.top_k is ", o.top_k, ", this gating routes to ", K,
         " expert(s). Fix: set top_k = ", K, ", or call moe::gating(logits, options)"));
   }
   if (G == 0 || S == 0 || E < static_cast<std::size_t>(K)) {
     throw shape_error(zest::detail::message(
-        "zest: ", Op.view(), ": the logits \"gse\" are ", G, " x ", S, " x ", E, "; top-", K,
+        "zest: ", view_of<Op>, ": the logits \"gse\" are ", G, " x ", S, " x ", E, "; top-", K,
         " gating needs at least one group and token and ", K, " expert(s)"));
   }
   const double factor = o.training ? o.capacity_factor : o.eval_capacity_factor;

@@ -93,7 +93,7 @@ namespace detail {
 template <class Mesh, fixed_string ExpertAxis, std::size_t DataAxis, std::size_t Experts,
           std::size_t ExpertAxisSize>
 constexpr bool check_layer() {
-  constexpr std::size_t axis = axis_named<Mesh>(ExpertAxis.view());
+  constexpr std::size_t axis = axis_named<Mesh>(view_of<ExpertAxis>);
   if constexpr (axis == Mesh::axis_count) {
     (void)layer_error::no_expert_axis<Mesh, ExpertAxis>{};
     return false;
@@ -134,7 +134,7 @@ template <training_policy_type P, fixed_string ExpertAxis = "ep", std::size_t Ex
 class moe_layer {
   using mesh_t = typename P::mesh_type;
   static_assert(detail::check_layer<mesh_t, ExpertAxis, P::data_axis, Experts, ExpertAxisSize>());
-  static constexpr std::size_t expert_axis = detail::axis_named<mesh_t>(ExpertAxis.view());
+  static constexpr std::size_t expert_axis = detail::axis_named<mesh_t>(view_of<ExpertAxis>);
   using expert_base = layout<split<'e', ExpertAxis>>;
   static constexpr layout_value scalar_layout = detail::pending_everywhere(mesh_t::axis_count);
 
@@ -219,13 +219,13 @@ class moe_layer {
                                               " experts, but the layer's type says ", Experts));
     }
     if (ExpertAxisSize != 0 && size != ExpertAxisSize) {
-      throw shape_error(zest::detail::message(at, "the expert axis '", ExpertAxis.view(),
+      throw shape_error(zest::detail::message(at, "the expert axis '", view_of<ExpertAxis>,
                                               "' has size ", size, ", but the layer's type says ",
                                               ExpertAxisSize));
     }
     if (experts % size != 0) {
       throw shape_error(zest::detail::message(
-          at, "E = ", experts, " experts do not divide over the expert axis '", ExpertAxis.view(),
+          at, "E = ", experts, " experts do not divide over the expert axis '", view_of<ExpertAxis>,
           "' of size ", size, "; each rank of the axis holds E / size experts. Fix: a multiple of ",
           size, " experts, or another mesh shape"));
     }

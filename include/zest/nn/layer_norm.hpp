@@ -12,7 +12,7 @@ template <training_policy_type P, char D = 'm', class Base = layout<>>
 class layer_norm_layer {
   static constexpr fixed_string<2> dims = [] {
     fixed_string<2> s;
-    s.data[0] = D;
+    s.set(0, D);
     return s;
   }();
 

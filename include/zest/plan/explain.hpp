@@ -9,9 +9,11 @@
 //     result "bsh" split(b:dp)
 //   total 1.00 MiB sent by this rank in 1 collective
 //
-// The steps are the compile-time plan (the same one evaluation runs); the byte figures use
-// the run-time extents and the communicators' ring model (zest/comm/communicator.hpp), so a
-// test can compare them with the counters after running the same expression.
+// The steps are the plan that evaluation runs: the cheapest for the run-time extents and mesh
+// sizes (plan_transition with a transition_shape, zest/layout/transition.hpp); the byte
+// figures price each step at this rank with the communicators' ring model
+// (zest/comm/communicator.hpp), so a test can compare them with the counters after running
+// the same expression.
 #pragma once
 
 #include <cstddef>
@@ -110,33 +112,16 @@ std::size_t local_elements(const layout_value& v, const Extents& global, const M
   return n;
 }
 
-// Bytes this rank sends for step s from layout v, in the communicators' model.
+// Bytes this rank sends for step s from layout v, in the communicators' model: the one
+// pricing function, detail::step_elements (zest/layout/transition.hpp), at this rank.
 template <fixed_string Dims, class Mesh, class Extents>
 std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const Extents& global,
                          const Mesh& mesh, std::size_t element_size) {
-  const auto n = static_cast<std::size_t>(mesh.size(s.axis));
-  const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
-  const auto coords = mesh.coords();
-  const std::size_t mine = local_elements<Dims>(v, global, mesh, coords);
-  const layout_value next = after_step(v, s);
-  std::size_t elements = 0;
-  switch (s.kind) {
-    case step_kind::all_gather: elements = (n - 1) * mine; break;
-    case step_kind::reduce_scatter:
-      elements = mine - local_elements<Dims>(next, global, mesh, coords);
-      break;
-    case step_kind::all_reduce: elements = 2 * (mine - balanced_block(mine, n, me).size); break;
-    case step_kind::all_to_all: {
-      // I keep the part of my block that stays mine; the rest leaves.
-      const std::size_t j = Dims.find(s.to_dim);
-      const std::size_t to_extent = dim_range(v, s.to_dim, global[j], mesh.sizes(), coords).size;
-      const std::size_t kept =
-          to_extent == 0 ? 0 : mine / to_extent * balanced_block(to_extent, n, me).size;
-      elements = mine - kept;
-      break;
-    }
-    default: break;
-  }
+  const auto here = mesh.coords();
+  mesh_coords coords{};
+  for (std::size_t a = 0; a < here.size(); ++a) coords[a] = here[a];
+  const std::size_t elements =
+      step_elements(s, v, make_transition_shape(Dims, global, mesh.sizes()), coords);
   return static_cast<std::uint64_t>(elements) * element_size;
 }
 
@@ -161,7 +146,7 @@ void describe_steps(plan_report& r, int indent, const transition_plan& plan, lay
 template <class X>
 std::string tensor_heading(const char* what, const X& x) {
   std::ostringstream s;
-  s << what << " \"" << X::dims.view() << "\" [";
+  s << what << " \"" << view_of<X::dims> << "\" [";
   for (std::size_t i = 0; i < X::rank; ++i) s << (i ? "x" : "") << x.extents()[i];
   s << "] " << to_string(X::layout, X::mesh_type::axis_names);
   return s.str();
@@ -181,7 +166,7 @@ constexpr const char* policy_name() {
 template <class Layout, sharded_tensor X>
 plan_report explain(const X& x) {
   constexpr layout_value to = layout_value_of<typename X::mesh_type, X::dims, Layout>;
-  constexpr transition_plan plan = plan_transition(X::layout, to);
+  const transition_plan plan = redistribute_plan_for<Layout>(x);  // the plan that will run
   plan_report r;
   r.title = "redistribute on " + x.mesh().describe();
   r.note(1, detail::tensor_heading("tensor", x) + " -> " + to_string(to, X::mesh_type::axis_names));
@@ -203,7 +188,7 @@ plan_report explain(const X&... xs) {
       detail::checked_output_extents<Spec>(xs...);
   const auto& mesh = std::get<0>(std::forward_as_tuple(xs...)).mesh();
   plan_report r;
-  r.title = std::string("einsum \"") + std::string(Spec.view()) + "\" on " + mesh.describe() +
+  r.title = std::string("einsum \"") + std::string(view_of<Spec>) + "\" on " + mesh.describe() +
             ", policy " + detail::policy_name<typename traits::options::policy>();
   std::size_t operand = 0;
   auto visit = [&](const auto& x) {
@@ -214,18 +199,23 @@ plan_report explain(const X&... xs) {
       r.note(1, head + "  (used as it is)");
     } else {
       r.note(1, head + " -> " + to_string(plan.operand_layouts[i], x_t::mesh_type::axis_names));
-      detail::describe_steps<x_t::dims>(r, 2, plan.operand_steps[i], x_t::layout, x.extents(), mesh,
+      // The plan redistribute_to runs for this operand: the cheapest for its extents.
+      const transition_plan steps =
+          transition_plan_for<x_t::dims>(x_t::layout, plan.operand_layouts[i], x.extents(), mesh);
+      detail::describe_steps<x_t::dims>(r, 2, steps, x_t::layout, x.extents(), mesh,
                                         sizeof(value_type));
     }
   };
   (visit(xs), ...);
-  r.note(1, "local contraction \"" + std::string(Spec.view()) + "\"");
-  std::string result = "result \"" + std::string(traits::out_dims.view()) + "\" " +
+  r.note(1, "local contraction \"" + std::string(view_of<Spec>) + "\"");
+  std::string result = "result \"" + std::string(view_of<traits::out_dims>) + "\" " +
                        to_string(plan.contraction_output, traits::mesh_type::axis_names);
   if (plan.output_steps.size() != 0) {
     r.note(1, result + " -> " + to_string(plan.result, traits::mesh_type::axis_names));
-    detail::describe_steps<traits::out_dims>(r, 2, plan.output_steps, plan.contraction_output,
-                                             out_extents, mesh, sizeof(value_type));
+    const transition_plan steps = transition_plan_for<traits::out_dims>(
+        plan.contraction_output, plan.result, out_extents, mesh);
+    detail::describe_steps<traits::out_dims>(r, 2, steps, plan.contraction_output, out_extents,
+                                             mesh, sizeof(value_type));
   } else {
     r.note(1, result);
   }

@@ -83,7 +83,7 @@ std::string visualize(const X& x) {
   for (const auto& row : cells)
     for (const auto& c : row) cell_w = std::max(cell_w, c.size());
   std::ostringstream out;
-  out << '"' << X::dims.view() << "\" [" << x.extents()[0] << 'x' << x.extents()[1] << "] "
+  out << '"' << view_of<X::dims> << "\" [" << x.extents()[0] << 'x' << x.extents()[1] << "] "
       << to_string(X::layout, mesh_t::axis_names) << " on " << mesh.describe() << '\n';
   auto pad = [](const std::string& s, std::size_t w) {
     return s + std::string(w > s.size() ? w - s.size() : 0, ' ');

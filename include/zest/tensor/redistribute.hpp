@@ -3,9 +3,12 @@
 //   auto w_full = zest::redistribute<zest::layout<>>(w);            // all-gather over dp
 //   auto y_rs   = zest::redistribute<zest::layout<zest::split<'b', "dp">>>(y_partial);
 //
-// The steps are planned at compile time (zest/layout/transition.hpp) and carried out here,
-// one per mesh axis, on the axis' communicator. A transition that needs no communication
-// (replicate -> split, replicate -> partial) sends nothing.
+// The steps are carried out here, one per mesh axis, on the axis' communicator. Whether a
+// transition communicates is known at compile time (transition_plan_v, the fixed-order plan);
+// the steps that run are the cheapest for the tensor's extents and the mesh's sizes
+// (plan_transition with a transition_shape, zest/layout/transition.hpp), searched once per
+// shape. A transition that needs no communication (replicate -> split, replicate ->
+// partial) sends nothing.
 #pragma once
 
 #include <algorithm>
@@ -32,7 +35,7 @@ namespace detail {
 template <class T, class Backend, std::size_t Rank>
 struct moving_shard {
   using buffer = typename Backend::template buffer<T>;
-  layout_value layout;
+  layout_value layout{};
   std::array<std::size_t, Rank> local{};
   std::span<const T> data;
   buffer owned;
@@ -259,33 +262,37 @@ requires(!std::is_lvalue_reference_v<Buffer>) Buffer
 }
 }  // namespace detail
 
-// The plan between two layouts, computed once per pair.
-template <layout_value From, layout_value To>
-inline constexpr transition_plan transition_plan_v = plan_transition(From, To);
+// The fixed-order plan between two layouts, computed once per pair at compile time. It needs
+// a collective exactly when the plan that runs does, and costs no less than it for any shape.
+template <layout_key From, layout_key To>
+inline constexpr transition_plan transition_plan_v = plan_transition(to_layout(From), to_layout(To));
 
-// Runs the compile-time plan from the tensor's layout to To. (The tensor type is taken whole
-// and taken apart through its members: deducing class-type template arguments from a
-// function argument is something nvcc's front end does not do.)
-template <layout_value To, sharded_tensor X>
+// Runs the cheapest plan from the tensor's layout to To for its extents. (The tensor type is
+// taken whole and taken apart through its members: deducing class-type template arguments
+// from a function argument is something nvcc's front end does not do.)
+template <layout_key To, sharded_tensor X>
 auto redistribute_to(X&& t) {
   using x_t = std::remove_cvref_t<X>;
   using value_type = typename x_t::value_type;
   using result_t = with_layout<x_t, To>;
-  constexpr const transition_plan& plan = transition_plan_v<x_t::layout, To>;
   constexpr bool owned =
       !std::is_lvalue_reference_v<X> && !std::is_const_v<std::remove_reference_t<X>>;
-  if constexpr (plan.size() == 0) {
+  if constexpr (transition_plan_v<x_t::layout, To>.size() == 0) {
     if constexpr (owned) {
       return result_t(t.mesh(), t.extents(), std::move(t.storage()));
     } else {
       return result_t(t.mesh(), t.extents(), typename result_t::storage_type(t.storage()));
     }
   } else if constexpr (owned) {
+    const transition_plan plan =
+        transition_plan_for<x_t::dims>(x_t::layout, result_t::layout, t.extents(), t.mesh());
     return result_t(
         t.mesh(), t.extents(),
         detail::run_transition<x_t::dims>(plan, x_t::layout, t.local_extents(),
                                           std::move(t.storage()), t.extents(), t.mesh()));
   } else {
+    const transition_plan plan =
+        transition_plan_for<x_t::dims>(x_t::layout, result_t::layout, t.extents(), t.mesh());
     return result_t(t.mesh(), t.extents(),
                     detail::run_transition<x_t::dims>(plan, x_t::layout, t.local_extents(),
                                                       std::span<const value_type>(t.local()),
@@ -301,10 +308,18 @@ auto redistribute(X&& t) {
       std::forward<X>(t));
 }
 
-// The plan of redistribute<Layout> for tensor type X, at compile time.
+// The fixed-order plan of redistribute<Layout> for tensor type X, at compile time: whether
+// it communicates, and an upper bound on what it sends for any extents.
 template <sharded_tensor X, class Layout>
 inline constexpr transition_plan redistribute_plan =
     plan_transition(X::layout, layout_value_of<typename X::mesh_type, X::dims, Layout>);
+
+// The plan redistribute<Layout>(x) runs: the cheapest for x's extents and mesh.
+template <class Layout, sharded_tensor X>
+transition_plan redistribute_plan_for(const X& x) {
+  return transition_plan_for<X::dims>(
+      X::layout, layout_value_of<typename X::mesh_type, X::dims, Layout>, x.extents(), x.mesh());
+}
 
 // The whole global tensor on every rank, partial sums added: for checks and small outputs.
 template <sharded_tensor X>

@@ -48,7 +48,7 @@ constexpr dims_problem check_dims() {
 }
 }  // namespace detail
 
-template <class T, class Mesh, fixed_string Dims, layout_value Layout>
+template <class T, class Mesh, fixed_string Dims, layout_key Layout>
 class basic_tensor {
   static_assert(is_element_type_v<T>,
                 "zest tensor: unsupported element type; use float, double or zest::bfloat16");
@@ -66,7 +66,7 @@ class basic_tensor {
   using backend_type = backend_of<Mesh>;
   using storage_type = typename backend_type::template buffer<T>;
   static constexpr fixed_string dims = Dims;
-  static constexpr layout_value layout = Layout;
+  static constexpr layout_value layout = to_layout(Layout);
   static constexpr std::size_t rank = Dims.size();
   using extents_type = std::array<std::size_t, rank>;
 
@@ -93,7 +93,7 @@ class basic_tensor {
       : mesh_(&mesh), extents_(extents), data_(std::move(local)) {
     locate();
     if (data_.size() != local_count()) {
-      throw shape_error(detail::message("zest: tensor \"", Dims.view(), "\": local shard has ",
+      throw shape_error(detail::message("zest: tensor \"", view_of<Dims>, "\": local shard has ",
                                         data_.size(), " elements, the layout gives this rank ",
                                         local_count()));
     }
@@ -133,7 +133,7 @@ class basic_tensor {
     std::size_t total = 1;
     for (auto e : extents) total *= e;
     if (global.size() != total) {
-      throw shape_error(detail::message("zest: tensor \"", Dims.view(),
+      throw shape_error(detail::message("zest: tensor \"", view_of<Dims>,
                                         "\"::from_global: the array has ", global.size(),
                                         " elements, the extents need ", total));
     }
@@ -192,7 +192,7 @@ class basic_tensor {
   // zeros of a partial axis created from a replicated value.
   bool holds_partial_summand() const {
     for (std::size_t a = 0; a < Mesh::axis_count; ++a) {
-      if (Layout.is_partial(a) && mesh_->coord(a) != 0) return false;
+      if (layout.is_partial(a) && mesh_->coord(a) != 0) return false;
     }
     return true;
   }
@@ -207,7 +207,7 @@ class basic_tensor {
   void locate() {
     for (std::size_t i = 0; i < rank; ++i) {
       const block_range r =
-          dim_range(Layout, Dims[i], extents_[i], mesh_->sizes(), mesh_->coords());
+          dim_range(layout, Dims[i], extents_[i], mesh_->sizes(), mesh_->coords());
       offsets_[i] = r.offset;
       local_extents_[i] = r.size;
     }
@@ -235,7 +235,7 @@ template <sharded_tensor X, class L>
 inline constexpr bool has_layout = X::layout == layout_value_of<typename X::mesh_type, X::dims, L>;
 
 // The same tensor type with another layout.
-template <sharded_tensor X, layout_value L>
+template <sharded_tensor X, layout_key L>
 using with_layout = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, L>;
 
 // "split(b:dp) partial(tp)"

@@ -8,8 +8,10 @@
 //
 // Nothing here is a ZeRO formula. Memory is, per parameter, the elements this rank holds
 // under each model state's layout (balanced blocks) times that state's element size.
-// Communication is, per parameter and phase, the steps of plan_transition(from, to) priced
-// by the same ring model as explain() and the communicators' counters (detail::step_bytes),
+// Communication is, per parameter and phase, the steps of the cheapest plan for the
+// parameter's extents and the mesh's sizes (plan_transition with a transition_shape), on the
+// axes the phase changes (the engine moves a parameter over the data axis only), priced by
+// the same ring model as explain() and the communicators' counters (detail::step_bytes),
 // so a training run can compare its counters with this plan exactly. The closed forms of
 // DESIGN.md's table are in zero_formula() only to check the derivation against them.
 #pragma once
@@ -271,7 +273,7 @@ namespace detail {
 template <std::size_t Rank>
 constexpr fixed_string<Rank + 1> positional_dims() {
   fixed_string<Rank + 1> s;
-  for (std::size_t i = 0; i < Rank; ++i) s.data[i] = static_cast<char>('a' + i);
+  for (std::size_t i = 0; i < Rank; ++i) s.set(i, static_cast<char>('a' + i));
   return s;
 }
 
@@ -286,15 +288,6 @@ std::uint64_t data_axis_size(const Mesh& mesh, std::string_view axis) {
 template <class Stage, fixed_string Dims, class Mesh>
 void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Mesh& mesh) {
   static constexpr zero_layouts layouts = Stage::template layouts<Mesh, Dims>;
-  // The transitions are planned at compile time, as an einsum's are.
-  static constexpr auto transitions = [] {
-    std::array<transition_plan, zero_phases.size()> t{};
-    for (std::size_t i = 0; i < zero_phases.size(); ++i) {
-      const zero_transfer x = transfer_of(layouts, zero_phases[i]);
-      t[i] = plan_transition(x.from, x.to);
-    }
-    return t;
-  }();
 
   std::array<std::size_t, Dims.size()> global{};
   for (std::size_t i = 0; i < global.size(); ++i) global[i] = param.extents[i];
@@ -314,7 +307,13 @@ void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Me
     const std::size_t element = x.carries_gradient ? pr.gradient_bytes : pr.parameter_bytes;
     phase_traffic& t = plan.traffic[i];
     layout_value v = x.from;
-    for (const auto& s : transitions[i]) {
+    // The search may use only the axes whose placement the phase changes: the engine's
+    // collectives run on the data axis, never through another axis' ranks.
+    unsigned changed = 0;
+    for (std::size_t a = 0; a < x.from.axis_count; ++a)
+      changed |= x.from.axes[a] == x.to.axes[a] ? 0U : 1U << a;
+    const transition_plan steps = transition_plan_for<Dims>(x.from, x.to, global, mesh, changed);
+    for (const auto& s : steps) {
       if (is_collective(s.kind)) {
         const std::uint64_t b = step_bytes<Dims>(s, v, global, mesh, element);
         const auto k = static_cast<std::size_t>(collective_of(s.kind));

@@ -78,13 +78,13 @@ concept zero_split_rule = requires(std::string_view dims) {
 
 // The layouts of one parameter's model states under a stage, normalised against a mesh.
 struct zero_layouts {
-  layout_value stored;           // the parameter between uses
-  layout_value compute;          // the parameter as an einsum uses it
-  layout_value gradient;         // as backward produces it: the dual of compute
-  layout_value kept_gradient;    // after the gradient collective; what the optimizer reads
-  layout_value gradient_buffer;  // what the gradient occupies in memory over a step
-  layout_value optimizer_state;  // Adam's m and v
-  layout_value master;           // fp32 master parameters
+  layout_value stored{};           // the parameter between uses
+  layout_value compute{};          // the parameter as an einsum uses it
+  layout_value gradient{};         // as backward produces it: the dual of compute
+  layout_value kept_gradient{};    // after the gradient collective; what the optimizer reads
+  layout_value gradient_buffer{};  // what the gradient occupies in memory over a step
+  layout_value optimizer_state{};  // Adam's m and v
+  layout_value master{};           // fp32 master parameters
   constexpr bool operator==(const zero_layouts&) const = default;
 };
 
@@ -191,7 +191,7 @@ struct zero_stage {
 
   using zest_zero_stage_tag = void;  // opts into zero_stage_policy
   static constexpr int stage = Stage;
-  static constexpr std::string_view data_axis = DataAxis.view();
+  static constexpr std::string_view data_axis = view_of<DataAxis>;
   using split_rule = SplitRule;
   // The same stage with another split rule (for parameters whose first dim is taken).
   template <zero_split_rule R>
@@ -204,8 +204,8 @@ struct zero_stage {
 
   // The dim of a parameter with dims Dims that is split over the data axis.
   template <fixed_string Dims>
-  static constexpr char split_dim = SplitRule::dim_index(Dims.view()) < Dims.size()
-                                        ? Dims[SplitRule::dim_index(Dims.view())]
+  static constexpr char split_dim = SplitRule::dim_index(view_of<Dims>) < Dims.size()
+                                        ? Dims[SplitRule::dim_index(view_of<Dims>)]
                                         : Dims[0];
 
   // The layouts, as types a tensor can be declared with.
@@ -236,17 +236,17 @@ struct zero_stage {
     if constexpr (Dims.size() == 0) {
       (void)zero_error::scalar_parameter<zero_stage>{};
       return {};
-    } else if constexpr (SplitRule::dim_index(Dims.view()) >= Dims.size()) {
+    } else if constexpr (SplitRule::dim_index(view_of<Dims>) >= Dims.size()) {
       (void)zero_error::split_dim_out_of_range<zero_stage, Dims>{};
       return {};
-    } else if constexpr (detail::axis_index_of<Mesh>(DataAxis.view()) == Mesh::axis_names.size()) {
+    } else if constexpr (detail::axis_index_of<Mesh>(view_of<DataAxis>) == Mesh::axis_names.size()) {
       (void)zero_error::no_data_axis<zero_stage, Mesh>{};
       return {};
     } else {
       // The gradient layout is not a free choice: autodiff makes it the dual of the use.
       static_assert(layout_value_of<Mesh, Dims, gradient_layout<Dims>> ==
                     detail::dual_of_use(layout_value_of<Mesh, Dims, compute_layout<Dims>>,
-                                        detail::axis_index_of<Mesh>(DataAxis.view())));
+                                        detail::axis_index_of<Mesh>(view_of<DataAxis>)));
       zero_layouts l;
       l.stored = layout_value_of<Mesh, Dims, stored_layout<Dims>>;
       l.compute = layout_value_of<Mesh, Dims, compute_layout<Dims>>;

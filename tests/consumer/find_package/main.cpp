@@ -5,7 +5,7 @@
 
 template <zest::fixed_string Axis>
 struct axis_name {
-  static constexpr std::string_view value = Axis.view();
+  static constexpr std::string_view value = zest::view_of<Axis>;
 };
 
 int main() {
