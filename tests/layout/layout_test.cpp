@@ -1,10 +1,19 @@
 // Layout normalisation, shard arithmetic and transition plans: mostly compile-time checks.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <set>
+#include <type_traits>
+#include <vector>
+
+#include "zest/einsum/spec.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
 #include "zest/layout/transition.hpp"
 #include "zest/mesh/mesh.hpp"
+#include "zest/tensor/tensor.hpp"
 
 namespace {
 using namespace zest;
@@ -103,3 +112,89 @@ TEST_CASE("balanced blocks cover the extent exactly") {
   }
 }
 }  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Template arguments have one spelling (docs/design-notes.md).
+namespace {
+// Descriptor element types stay trivial: g++ 12 corrupts value-initialised arrays of
+// classes with default member initializers in constant evaluation.
+static_assert(std::is_trivially_default_constructible_v<axis_placement> &&
+              std::is_trivially_default_constructible_v<layout_value> &&
+              std::is_trivially_default_constructible_v<transition_step> &&
+              std::is_trivially_default_constructible_v<transition_plan> &&
+              std::is_trivially_default_constructible_v<einsum_term>);
+static_assert(axis_placement{}.kind == placement_kind::replicate);
+
+// Every layout of up to 6 axes over dims "aZ": its key gives it back, and distinct layouts
+// have distinct keys. Enumerated at run time, compared with the constexpr functions.
+void each_layout(std::size_t axes, const std::function<void(const layout_value&)>& f) {
+  const axis_placement options[] = {
+      {placement_kind::replicate, 0, 0}, {placement_kind::partial, 0, 0},
+      {placement_kind::split, 'a', 0},   {placement_kind::split, 'Z', 0}};
+  std::vector<std::size_t> pick(axes, 0);
+  for (;;) {
+    layout_value v{};
+    v.axis_count = static_cast<std::uint8_t>(axes);
+    for (std::size_t a = 0; a < axes; ++a) {
+      v.axes[a] = options[pick[a]];
+      if (v.axes[a].kind == placement_kind::split) {
+        std::uint8_t order = 0;
+        for (std::size_t b = 0; b < a; ++b) order += v.splits(b, v.axes[a].dim) ? 1 : 0;
+        v.axes[a].order = order;
+      }
+    }
+    f(v);
+    std::size_t a = 0;
+    while (a < axes && ++pick[a] == std::size(options)) pick[a++] = 0;
+    if (a == axes) return;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a layout's key gives it back, and distinct layouts have distinct keys") {
+  for (std::size_t axes = 1; axes <= max_axes; ++axes) {
+    std::set<std::uint64_t> keys;
+    std::size_t count = 0;
+    each_layout(axes, [&](const layout_value& v) {
+      const layout_key k = v;
+      CHECK(to_layout(k) == v);
+      keys.insert(static_cast<std::uint64_t>(k));
+      ++count;
+    });
+    CHECK(keys.size() == count);
+  }
+}
+
+TEST_CASE("a fixed_string's codes are non-zero and distinct, and give its characters back") {
+  constexpr fixed_string s = "ppqq";
+  static_assert(s.size() == 4 && s[0] == 'p' && s[3] == 'q' && view_of<s> == "ppqq");
+  static_assert(fixed_string("ab") != fixed_string("ba") && fixed_string("ab") == fixed_string("ab"));
+  std::set<std::uint32_t> codes(std::begin(s.code), std::end(s.code));
+  CHECK(codes.size() == 5);
+  CHECK(codes.count(0) == 0);
+  // The form nvcc's host-code generator writes back.
+  constexpr std::uint32_t raw[3] = {(1U << 8) | 'd', (2U << 8) | 'p', 3U << 8};
+  static_assert(fixed_string<3>(raw) == fixed_string("dp"));
+}
+
+TEST_CASE("X::layout read at run time equals the compile-time value") {
+  using m3 = local_mesh<"x", "y", "z">;
+  using a_t = basic_tensor<float, m3, "Jg", layout_value_of<m3, "Jg", layout<split<'g', "x">, split<'J', "z">>>>;
+  using v_t = basic_tensor<float, m3, "v", replicated_layout(3)>;
+  // Through a volatile copy, so the compiler reads the emitted constants.
+  const auto read = [](const layout_value& v) {
+    volatile std::uint8_t bytes[sizeof(layout_value)];
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+    for (std::size_t i = 0; i < sizeof(layout_value); ++i) bytes[i] = p[i];
+    layout_value out{};
+    auto* q = reinterpret_cast<std::uint8_t*>(&out);
+    for (std::size_t i = 0; i < sizeof(layout_value); ++i) q[i] = bytes[i];
+    return out;
+  };
+  CHECK(read(v_t::layout) == replicated_layout(3));
+  CHECK(read(a_t::layout).splits(0, 'g'));
+  CHECK(read(a_t::layout).splits(2, 'J'));
+  CHECK(layout_string<v_t>() == "replicate");
+  CHECK(layout_string<a_t>() == "split(g:x) split(J:z)");
+}

@@ -896,6 +896,7 @@ variable<X> broadcast_apply(const variable<X>& x, const variable<Y>& y) {
   // y as used, for the product's gradient of x: y's own node unless it was moved.
   auto y_used = detail::keep_if < Multiply && moved > (std::move(yu));
   x.owner().record([xn = x.node(), yn = y.node(), on = out.node(), w, y_used = std::move(y_used)] {
+    (void)y_used;  // used in one branch of an if constexpr only
     if (!on->grad) return;
     const T* dz = std::as_const(*on->grad).local().data();
     if (xn->requires_grad) {
@@ -1039,6 +1040,7 @@ variable<X> generic_broadcast_apply(const variable<X>& x, const variable<Y>& y) 
   auto y_used = detail::keep_if < Multiply && moved > (std::move(yu));
   x.owner().record(
       [xn = x.node(), yn = y.node(), on = out.node(), map, y_used = std::move(y_used)] {
+        (void)y_used;  // used in one branch of an if constexpr only
         if (!on->grad) return;
         const T* dz = std::as_const(*on->grad).local().data();
         if (xn->requires_grad) {

@@ -33,6 +33,17 @@ struct fixed_string {
   constexpr fixed_string(const char (&s)[N])  // NOLINT: implicit by design
       : fixed_string(s, std::make_index_sequence<N>{}) {}
 
+  // The value from its codes: nvcc's host-code generator writes a template argument back in
+  // this form (fixed_string<3>{{372, 624, 768}}). Codes that no string has are refused.
+  constexpr fixed_string(const std::uint32_t (&codes)[N])  // NOLINT: implicit by design
+      : fixed_string(codes, std::make_index_sequence<N>{}) {
+    for (std::size_t i = 0; i < N; ++i) {
+      if ((code[i] >> 8U) != i + 1 || (i + 1 == N && (code[i] & 0xFFU) != 0)) {
+        throw "zest fixed_string: not the codes of a string";
+      }
+    }
+  }
+
   static constexpr std::size_t size() { return N - 1; }
   constexpr char operator[](std::size_t i) const {
     return static_cast<char>(static_cast<unsigned char>(code[i] & 0xFFU));
@@ -81,6 +92,8 @@ struct fixed_string {
   }
   template <std::size_t... I>
   constexpr explicit fixed_string(std::index_sequence<I...>) : code{encode(I, '\0')...} {}
+  template <std::size_t... I>
+  constexpr fixed_string(const std::uint32_t (&c)[N], std::index_sequence<I...>) : code{c[I]...} {}
   template <std::size_t... I>
   constexpr fixed_string(const char (&s)[N], std::index_sequence<I...>)
       : code{encode(I, I + 1 < N ? s[I] : '\0')...} {}

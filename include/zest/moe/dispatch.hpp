@@ -361,6 +361,7 @@ auto combine_on_host(const autodiff::variable<Y>& y, const autodiff::variable<W>
   auto w_used = autodiff::detail::keep_if<moved>(std::move(wu));
   y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(), routes = std::move(routes),
                     width, w_used = std::move(w_used)] {
+    (void)w_used;  // used in one branch of an if constexpr only
     if (!on->grad) return;
     const T* dz = std::as_const(*on->grad).local().data();
     if (yn->requires_grad) {
@@ -624,6 +625,7 @@ auto combine_generic(const autodiff::variable<Y>& y, const autodiff::variable<W>
   auto w_used = autodiff::detail::keep_if<moved>(std::move(wu));
   y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(), routes = std::move(routes),
                     width, w_used = std::move(w_used)] {
+    (void)w_used;  // used in one branch of an if constexpr only
     if (!on->grad) return;
     const device_routes<B>& r = *routes;
     const T* dz = std::as_const(*on->grad).local().data();
