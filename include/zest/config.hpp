@@ -71,7 +71,8 @@
 #endif
 #endif
 #if !ZEST_STRING_TEMPLATE_ARGS
-#error "zest needs C++20 class-type template arguments: g++ >= 12, clang++ >= 14 or nvcc >= 13 (see zest/config.hpp for what is tested)"
+#error \
+    "zest needs C++20 class-type template arguments: g++ >= 12, clang++ >= 14 or nvcc >= 13 (see zest/config.hpp for what is tested)"
 #endif
 
 // consteval where the compiler supports it well, constexpr otherwise.

@@ -128,9 +128,10 @@ static_assert(axis_placement{}.kind == placement_kind::replicate);
 // Every layout of up to 6 axes over dims "aZ": its key gives it back, and distinct layouts
 // have distinct keys. Enumerated at run time, compared with the constexpr functions.
 void each_layout(std::size_t axes, const std::function<void(const layout_value&)>& f) {
-  const axis_placement options[] = {
-      {placement_kind::replicate, 0, 0}, {placement_kind::partial, 0, 0},
-      {placement_kind::split, 'a', 0},   {placement_kind::split, 'Z', 0}};
+  const axis_placement options[] = {{placement_kind::replicate, 0, 0},
+                                    {placement_kind::partial, 0, 0},
+                                    {placement_kind::split, 'a', 0},
+                                    {placement_kind::split, 'Z', 0}};
   std::vector<std::size_t> pick(axes, 0);
   for (;;) {
     layout_value v{};
@@ -169,7 +170,8 @@ TEST_CASE("a layout's key gives it back, and distinct layouts have distinct keys
 TEST_CASE("a fixed_string's codes are non-zero and distinct, and give its characters back") {
   constexpr fixed_string s = "ppqq";
   static_assert(s.size() == 4 && s[0] == 'p' && s[3] == 'q' && view_of<s> == "ppqq");
-  static_assert(fixed_string("ab") != fixed_string("ba") && fixed_string("ab") == fixed_string("ab"));
+  static_assert(fixed_string("ab") != fixed_string("ba") &&
+                fixed_string("ab") == fixed_string("ab"));
   std::set<std::uint32_t> codes(std::begin(s.code), std::end(s.code));
   CHECK(codes.size() == 5);
   CHECK(codes.count(0) == 0);
@@ -180,7 +182,8 @@ TEST_CASE("a fixed_string's codes are non-zero and distinct, and give its charac
 
 TEST_CASE("X::layout read at run time equals the compile-time value") {
   using m3 = local_mesh<"x", "y", "z">;
-  using a_t = basic_tensor<float, m3, "Jg", layout_value_of<m3, "Jg", layout<split<'g', "x">, split<'J', "z">>>>;
+  using a_t = basic_tensor<float, m3, "Jg",
+                           layout_value_of<m3, "Jg", layout<split<'g', "x">, split<'J', "z">>>>;
   using v_t = basic_tensor<float, m3, "v", replicated_layout(3)>;
   // Through a volatile copy, so the compiler reads the emitted constants.
   const auto read = [](const layout_value& v) {

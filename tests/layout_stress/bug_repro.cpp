@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   M m(MPI_COMM_WORLD, {1, 1, -1});
 #ifdef WITH_FIRST
   {
-    using a_t = zest::tensor<float, M, "Jg", zest::layout<zest::split<'g', "x">, zest::split<'J', "z">>>;
+    using a_t =
+        zest::tensor<float, M, "Jg", zest::layout<zest::split<'g', "x">, zest::split<'J', "z">>>;
     a_t a(m, {4, 8});
     auto y = zest::einsum<"Jg->g", zest::layout<zest::partial<"x">>>(a);
     (void)y;

@@ -111,10 +111,10 @@ inline void fail(const std::string& what, failure_kind kind = failure_kind::valu
 // What the generator knows about a tensor type.
 
 struct type_info {
-  const char* name;              // the type as the generator spelled it
-  const char* expected;          // the generator's layout string; nullptr when deduced
-  const char* code;              // the generator's normalised layout, see decode(); or nullptr
-  zest::layout_value constant;   // layout_value_of<Mesh, Dims, Layout> (a constant expression)
+  const char* name;             // the type as the generator spelled it
+  const char* expected;         // the generator's layout string; nullptr when deduced
+  const char* code;             // the generator's normalised layout, see decode(); or nullptr
+  zest::layout_value constant;  // layout_value_of<Mesh, Dims, Layout> (a constant expression)
 };
 
 // A layout value's bytes as they are, for messages: a misread value need not be printable
@@ -166,7 +166,8 @@ inline zest::layout_value decode(const char* code, std::size_t axis_count) {
   v.axis_count = static_cast<std::uint8_t>(axis_count);
   std::size_t a = 0;
   for (const char* p = code; *p != '\0'; ++a) {
-    if (a >= axis_count) throw std::invalid_argument(std::string("stress::decode: too many axes in ") + code);
+    if (a >= axis_count)
+      throw std::invalid_argument(std::string("stress::decode: too many axes in ") + code);
     if (*p == 'r') {
       ++p;
     } else if (*p == 'p') {
@@ -184,7 +185,8 @@ inline zest::layout_value decode(const char* code, std::size_t axis_count) {
     }
     while (*p == ' ') ++p;
   }
-  if (a != axis_count) throw std::invalid_argument(std::string("stress::decode: too few axes in ") + code);
+  if (a != axis_count)
+    throw std::invalid_argument(std::string("stress::decode: too few axes in ") + code);
   return v;
 }
 
@@ -250,8 +252,8 @@ inline void check_layout(const type_info& info, const mesh_view& m, const zest::
   state().types_checked.insert(info.name);
   const zest::layout_value want = expected_layout(info, m.axis_count());
   const char* expected = info.expected != nullptr ? info.expected : "(deduced)";
-  bool on_axes = true;    // every value agrees with `want` on the mesh's axes
-  bool trailing = true;   // ... and past them
+  bool on_axes = true;   // every value agrees with `want` on the mesh's axes
+  bool trailing = true;  // ... and past them
   auto note = [&](bool good, bool good_on_axes, const std::string& what) {
     ++state().checks;
     if (good) return;
@@ -260,26 +262,30 @@ inline void check_layout(const type_info& info, const mesh_view& m, const zest::
     } else {
       on_axes = false;
     }
-    fail(std::string(info.name) + ": " + what + (good_on_axes ? " (only past the mesh's axes)" : "") +
-             "; expected layout \"" + expected + "\" " + dump(want) + ", layout_string<X>() gives \"" +
-             printed + "\", X::layout at run time " + dump(rt) + ", layout_value_of " + dump(info.constant),
+    fail(std::string(info.name) + ": " + what +
+             (good_on_axes ? " (only past the mesh's axes)" : "") + "; expected layout \"" +
+             expected + "\" " + dump(want) + ", layout_string<X>() gives \"" + printed +
+             "\", X::layout at run time " + dump(rt) + ", layout_value_of " + dump(info.constant),
          failure_kind::layout);
   };
   auto compare = [&](const zest::layout_value& got, const std::string& what) {
     note(got == want, same_on_mesh_axes(got, want), what);
   };
   compare(rt, "X::layout read at run time differs from the expected layout");
-  compare(info.constant, "layout_value_of<...> read in a constant expression differs from the expected layout");
+  compare(info.constant,
+          "layout_value_of<...> read in a constant expression differs from the expected layout");
   if (info.expected != nullptr) {
     note(printed == info.expected, false, "layout_string<X>() differs from the expected string");
     try {
-      compare(zest::parse_layout(info.expected, names), "parse_layout(expected string) differs from the expected layout");
+      compare(zest::parse_layout(info.expected, names),
+              "parse_layout(expected string) differs from the expected layout");
     } catch (const std::exception& e) {
       note(false, false, std::string("the expected string does not parse: ") + e.what());
     }
   }
   try {
-    compare(zest::parse_layout(printed, names), "layout_string<X>() parses to another value than the expected layout");
+    compare(zest::parse_layout(printed, names),
+            "layout_string<X>() parses to another value than the expected layout");
   } catch (const std::exception& e) {
     note(false, false, std::string("layout_string<X>() does not parse: ") + e.what());
   }
@@ -399,7 +405,8 @@ inline reference host_einsum(std::string_view spec, const std::vector<const refe
   std::array<std::size_t, 128> at{};
   auto flat_index = [&](std::string_view term) {
     std::size_t f = 0;
-    for (char c : term) f = f * extent[static_cast<unsigned char>(c)] + at[static_cast<unsigned char>(c)];
+    for (char c : term)
+      f = f * extent[static_cast<unsigned char>(c)] + at[static_cast<unsigned char>(c)];
     return f;
   };
   for (std::size_t flat = 0; flat < total; ++flat) {
@@ -433,7 +440,8 @@ struct block {
 
 // A dim split over axes a1, a2, ... (nesting order): cut over a1 into balanced blocks (the
 // first extent % p one larger), then this rank's block again over a2, and so on.
-inline block expected_block(const zest::layout_value& v, char dim, std::size_t extent, const mesh_view& m) {
+inline block expected_block(const zest::layout_value& v, char dim, std::size_t extent,
+                            const mesh_view& m) {
   std::vector<std::pair<int, std::size_t>> axes;  // (order, axis)
   for (std::size_t a = 0; a < m.axis_count(); ++a) {
     if (v.axes[a].kind == zest::placement_kind::split && v.axes[a].dim == dim)
@@ -550,8 +558,8 @@ X make_summands(const typename X::mesh_type& m, const typename X::extents_type& 
                 const reference& r, const type_info& info) {
   using T = typename X::value_type;
   const mesh_view mv = view_of(m);
-  const std::vector<double> values = summands(expected_layout(info, mv.axis_count()),
-                                              dims_of<X>(), e, r, mv);
+  const std::vector<double> values =
+      summands(expected_layout(info, mv.axis_count()), dims_of<X>(), e, r, mv);
   typename X::storage_type local(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) local[i] = from_double<T>(values[i]);
   return X(m, e, std::move(local));
@@ -614,7 +622,8 @@ inline void check_values(const type_info& info, const mesh_view& m, const tensor
   }
 
   // This rank's block values, where the layout determines them.
-  if (geometry_ok && t.local.size() == b.count && (known == blocks_known::values || !want.any_partial())) {
+  if (geometry_ok && t.local.size() == b.count &&
+      (known == blocks_known::values || !want.any_partial())) {
     const bool holds_value = on_coordinate_zero_of_partial_axes(want, m);
     std::size_t wrong = 0;
     std::size_t first_wrong = 0;
@@ -629,7 +638,8 @@ inline void check_values(const type_info& info, const mesh_view& m, const tensor
     }
     value_check(wrong == 0, [&] {
       return "rank " + std::to_string(m.rank) + ": " + std::to_string(wrong) + " of " +
-             std::to_string(t.local.size()) + " local values differ from the reference (first at local index " +
+             std::to_string(t.local.size()) +
+             " local values differ from the reference (first at local index " +
              std::to_string(first_wrong) + ": " + std::to_string(t.local[first_wrong]) + ")";
     });
   }
@@ -651,7 +661,8 @@ inline void check_values(const type_info& info, const mesh_view& m, const tensor
       }
       return "to_global: " + std::to_string(wrong) + " of " + std::to_string(t.global.size()) +
              " values differ from the reference (first at " + std::to_string(first_wrong) + ": " +
-             std::to_string(t.global[first_wrong]) + ", want " + std::to_string(r.values[first_wrong]) + ")";
+             std::to_string(t.global[first_wrong]) + ", want " +
+             std::to_string(r.values[first_wrong]) + ")";
     });
   }
 
@@ -786,17 +797,23 @@ inline int finish(const char* program, const char* opt, std::size_t types, std::
   MPI_Bcast(&rank0_failures, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   // Rank 0 reports its failures; another rank only when rank 0 saw none.
   if (s.failures != 0 && (rank == 0 || rank0_failures == 0)) {
-    for (const auto& m : s.layout_messages) std::fprintf(stderr, "%s [rank %d]: FAIL %s\n", program, rank, m.c_str());
-    for (const auto& m : s.value_messages) std::fprintf(stderr, "%s [rank %d]: FAIL %s\n", program, rank, m.c_str());
+    for (const auto& m : s.layout_messages)
+      std::fprintf(stderr, "%s [rank %d]: FAIL %s\n", program, rank, m.c_str());
+    for (const auto& m : s.value_messages)
+      std::fprintf(stderr, "%s [rank %d]: FAIL %s\n", program, rank, m.c_str());
     const std::size_t shown = s.layout_messages.size() + s.value_messages.size();
     if (s.failures > shown)
-      std::fprintf(stderr, "%s [rank %d]: ... and %zu more failures\n", program, rank, s.failures - shown);
+      std::fprintf(stderr, "%s [rank %d]: ... and %zu more failures\n", program, rank,
+                   s.failures - shown);
     for (const auto& t : s.bad_layout_types)
-      std::fprintf(stderr, "%s [rank %d]: wrong layout at run time: %s\n", program, rank, printable(t).c_str());
+      std::fprintf(stderr, "%s [rank %d]: wrong layout at run time: %s\n", program, rank,
+                   printable(t).c_str());
     for (const auto& t : s.bad_trailing_types)
-      std::fprintf(stderr, "%s [rank %d]: wrong past the mesh's axes at run time: %s\n", program, rank, printable(t).c_str());
+      std::fprintf(stderr, "%s [rank %d]: wrong past the mesh's axes at run time: %s\n", program,
+                   rank, printable(t).c_str());
     for (const auto& t : s.bad_value_types)
-      std::fprintf(stderr, "%s [rank %d]: wrong values or blocks: %s\n", program, rank, printable(t).c_str());
+      std::fprintf(stderr, "%s [rank %d]: wrong values or blocks: %s\n", program, rank,
+                   printable(t).c_str());
   }
   std::fflush(stderr);
   MPI_Barrier(MPI_COMM_WORLD);

@@ -1763,7 +1763,8 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
     std::size_t count = 1;
     for (std::size_t k = 0; k < L::rank; ++k) count *= k == L::dim_index(V) ? 1 : lv.extents()[k];
     if (count == 0) {
-      throw shape_error(zest::detail::message("zest: cross_entropy: the logits \"", view_of<L::dims>,
+      throw shape_error(zest::detail::message("zest: cross_entropy: the logits \"",
+                                              view_of<L::dims>,
                                               "\" have no token positions to average over"));
     }
     const auto& tv = detail::at_layout<targets_at>(targets);

@@ -48,9 +48,7 @@ struct fixed_string {
   constexpr char operator[](std::size_t i) const {
     return static_cast<char>(static_cast<unsigned char>(code[i] & 0xFFU));
   }
-  constexpr void set(std::size_t i, char c) {
-    code[i] = encode(i, i + 1 < N ? c : '\0');
-  }
+  constexpr void set(std::size_t i, char c) { code[i] = encode(i, i + 1 < N ? c : '\0'); }
   // Index of c, or npos.
   constexpr std::size_t find(char c) const {
     for (std::size_t i = 0; i + 1 < N; ++i) {

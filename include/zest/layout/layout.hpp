@@ -88,7 +88,6 @@ struct layout_value {
   }
 };
 
-
 namespace detail {
 inline constexpr unsigned layout_key_axis_bits = 9;
 constexpr unsigned layout_letter_index(char d) {
@@ -114,8 +113,8 @@ constexpr layout_value::operator layout_key() const {
     }
     bits = (bits << detail::layout_key_axis_bits) | state;
   }
-  return static_cast<layout_key>(bits | (std::uint64_t{axis_count}
-                                         << (max_axes * detail::layout_key_axis_bits)));
+  return static_cast<layout_key>(
+      bits | (std::uint64_t{axis_count} << (max_axes * detail::layout_key_axis_bits)));
 }
 
 // The layout a key stands for.
@@ -128,9 +127,9 @@ constexpr layout_value to_layout(layout_key key) {
     if (state == 1) {
       v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
     } else if (state >= 2) {
-      v.axes[a] = axis_placement{placement_kind::split,
-                                 detail::layout_letter((state - 2) / max_axes),
-                                 static_cast<std::uint8_t>((state - 2) % max_axes)};
+      v.axes[a] =
+          axis_placement{placement_kind::split, detail::layout_letter((state - 2) / max_axes),
+                         static_cast<std::uint8_t>((state - 2) % max_axes)};
     }
   }
   return v;

@@ -37,8 +37,8 @@ namespace detail {
 // The error path, kept out of constant evaluation (a throw there is a compile error anyway).
 [[noreturn]] inline void layout_parse_failure(std::string_view text, std::size_t pos,
                                               std::string_view problem) {
-  throw shape_error(message("zest: parse_layout: \"", text, "\": at position ", pos, ": ",
-                            problem));
+  throw shape_error(
+      message("zest: parse_layout: \"", text, "\": at position ", pos, ": ", problem));
 }
 
 constexpr bool layout_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
@@ -56,7 +56,8 @@ constexpr layout_value parse_layout(std::string_view text, const AxisNames& name
   // seen to give trailing entries of a layout_value made by default initialisation a kind of
   // 0 at run time in files that hold many tensor types (issue 10, tests/layout_stress/).
   layout_value v;
-  for (std::size_t a = 0; a < max_axes; ++a) v.axes[a] = axis_placement{placement_kind::replicate, 0, 0};
+  for (std::size_t a = 0; a < max_axes; ++a)
+    v.axes[a] = axis_placement{placement_kind::replicate, 0, 0};
   v.axis_count = static_cast<std::uint8_t>(n);
   std::array<bool, max_axes> used{};
   std::size_t pos = 0;

@@ -183,10 +183,10 @@ struct routed_row {
 template <fixed_string Op>
 shape_error route_error(std::size_t group, std::size_t token, std::size_t choice, std::int32_t e,
                         std::int32_t c, std::size_t experts, std::size_t capacity) {
-  return shape_error(zest::detail::message("zest: ", view_of<Op>, ": token (g=", group, ", s=", token,
-                                           ") choice ", choice, " goes to expert ", e, ", slot ", c,
-                                           ", outside ", experts, " experts of capacity ",
-                                           capacity));
+  return shape_error(zest::detail::message("zest: ", view_of<Op>, ": token (g=", group,
+                                           ", s=", token, ") choice ", choice, " goes to expert ",
+                                           e, ", slot ", c, ", outside ", experts,
+                                           " experts of capacity ", capacity));
 }
 
 // The kept routes of the local shards. Indices are checked: an expert outside [0, E) or a

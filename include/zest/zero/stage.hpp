@@ -239,7 +239,8 @@ struct zero_stage {
     } else if constexpr (SplitRule::dim_index(view_of<Dims>) >= Dims.size()) {
       (void)zero_error::split_dim_out_of_range<zero_stage, Dims>{};
       return {};
-    } else if constexpr (detail::axis_index_of<Mesh>(view_of<DataAxis>) == Mesh::axis_names.size()) {
+    } else if constexpr (detail::axis_index_of<Mesh>(view_of<DataAxis>) ==
+                         Mesh::axis_names.size()) {
       (void)zero_error::no_data_axis<zero_stage, Mesh>{};
       return {};
     } else {
