@@ -11,7 +11,7 @@ namespace {
 
 template <zest::fixed_string Name>
 struct named {
-  static constexpr std::string_view name = view_of<Name>;
+  static constexpr std::string_view name = zest::view_of<Name>;
 };
 
 __global__ void scale(float* data, int count, float factor) {
