@@ -37,15 +37,19 @@
 //
 // The routing, per group, tokens in s order (GShard, Lepikhin et al. 2020, Algorithm 1):
 //   p = softmax_e(logits), in T (fp32 or wider); e1 = argmax p, e2 = argmax of the rest
-//   (ties: the lowest index). Top-2: gates g1 = p[e1] / (p[e1] + p[e2]), g2 = p[e2] / (...);
-//   top-1 (Switch): g1 = p[e1], not renormalised.
+//   (ties: the larger logit, then the lowest index; with logits far apart p underflows to 0
+//   for several experts, and the best of those by logit is the second choice). Top-2: gates
+//   g1 = p[e1] / (p[e1] + p[e2]), g2 = p[e2] / (...); top-1 (Switch): g1 = p[e1], not
+//   renormalised.
 //   C = expert_capacity(S, E, k, training ? capacity_factor : eval_capacity_factor).
 //   slot of a first choice = the number of earlier tokens with the same first choice;
 //   kept iff slot < C.
-//   A second choice is routed iff not (training and random_routing), or u < 2 * g2, where
+//   A second choice is routed iff g2 > 0 and (not (training and random_routing), or
+//   u < 2 * g2), where
 //     u = (splitmix64(splitmix64(seed) ^ (global_g * S + s)) >> 11) * 2^-53,
 //   a pure function of the seed and the global token, whatever the number of ranks. This is
-//   decided first: an unrouted second choice takes no slot. The slot of a routed second
+//   decided first: an unrouted second choice takes no slot (a gate of exactly 0, p[e2]
+//   underflowed, is never dispatched: only what is combined with a non-zero weight is). The slot of a routed second
 //   choice = (first choices of that expert in the group) + (earlier routed second choices to
 //   it); kept iff slot < C.
 //   A dropped assignment (over capacity, or not routed) has weight 0, slot -1, and no entry
@@ -287,15 +291,25 @@ ZEST_HOST_DEVICE T softmax_row(const T* x, T* p, std::size_t n) {
   return m + dmath::log(sum);
 }
 
-// The index of the largest p[e], e != skip; the lowest such index on ties.
+// The index of the largest p[e], e != skip. Ties (probabilities that underflow to the same
+// value, 0 most often, when logits are far apart) go to the larger logit x[e], then to the
+// lowest index: p alone would pick the lowest index among experts whose logits differ.
 template <class T>
-ZEST_HOST_DEVICE std::size_t argmax_except(const T* p, std::size_t n, std::size_t skip) {
+ZEST_HOST_DEVICE std::size_t argmax_except(const T* p, const T* x, std::size_t n,
+                                           std::size_t skip) {
   std::size_t best = n;
   for (std::size_t e = 0; e < n; ++e) {
     if (e == skip) continue;
-    if (best == n || p[e] > p[best]) best = e;
+    if (best == n || p[e] > p[best] || (p[e] == p[best] && x[e] > x[best])) best = e;
   }
   return best;
+}
+
+// Whether a second choice with gate g2 is routed (takes a slot, if one is free): never with
+// a zero gate (it would be dispatched and combined with weight 0: a slot taken for nothing);
+// under random routing only when the token's draw u < 2 * g2 (GShard).
+ZEST_HOST_DEVICE inline bool routes_second(double g2, bool random, double u) {
+  return g2 > 0 && (!random || u < 2 * g2);
 }
 
 // The gates of token t (renormalised for k = 2), kept or not.
@@ -354,11 +368,11 @@ auto route_on_host(const autodiff::variable<L>& logits, const gating_options& o,
       const std::size_t t = g * S + s;
       T* p = r.probs.data() + t * E;
       r.lse[t] = softmax_row(px + t * E, p, E);
-      const std::size_t e1 = argmax_except(p, E, E);
+      const std::size_t e1 = argmax_except(p, px + t * E, E, E);
       r.expert[t * K] = static_cast<std::int32_t>(e1);
       r.slot[t * K] = static_cast<std::int32_t>(first[e1]++);
       if constexpr (K == 2)
-        r.expert[t * K + 1] = static_cast<std::int32_t>(argmax_except(p, E, e1));
+        r.expert[t * K + 1] = static_cast<std::int32_t>(argmax_except(p, px + t * E, E, e1));
     }
     // Second choices: the random decision first, then slots after all first choices.
     if constexpr (K == 2) {
@@ -366,8 +380,8 @@ auto route_on_host(const autodiff::variable<L>& logits, const gating_options& o,
       for (std::size_t s = 0; s < S; ++s) {
         const std::size_t t = g * S + s;
         const auto e2 = static_cast<std::size_t>(r.expert[t * K + 1]);
-        const bool routed =
-            !random || draw((first_group + g) * S + s) < 2 * static_cast<double>(gates_of(r, t)[1]);
+        const bool routed = routes_second(static_cast<double>(gates_of(r, t)[1]), random,
+                                          draw((first_group + g) * S + s));
         if (routed) r.slot[t * K + 1] = static_cast<std::int32_t>(first[e2] + second_counts[e2]++);
       }
     }
@@ -547,10 +561,11 @@ struct route_token {
   ZEST_HOST_DEVICE void operator()(std::size_t t) const {
     T* p = probs + t * experts;
     lse[t] = softmax_row(logits + t * experts, p, experts);
-    const std::size_t e1 = argmax_except(p, experts, experts);
+    const T* x = logits + t * experts;
+    const std::size_t e1 = argmax_except(p, x, experts, experts);
     expert[t * K] = static_cast<std::int32_t>(e1);
     if constexpr (K == 2) {
-      expert[t * K + 1] = static_cast<std::int32_t>(argmax_except(p, experts, e1));
+      expert[t * K + 1] = static_cast<std::int32_t>(argmax_except(p, x, experts, e1));
     }
   }
 };
@@ -584,7 +599,8 @@ struct assign_slots {
         if (expert[t * K + 1] != e) continue;
         const T g2 = gates_at(probs + t * experts, expert + t * K, K).second;
         const std::uint64_t token = (first_group + g) * tokens + (t - t0);
-        const bool routed = !random || routing_uniform(key, token) < 2 * static_cast<double>(g2);
+        const bool routed =
+            routes_second(static_cast<double>(g2), random, routing_uniform(key, token));
         slot[t * K + 1] = routed ? static_cast<std::int32_t>(first + second++) : -1;
       }
     }
