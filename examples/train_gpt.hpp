@@ -31,7 +31,6 @@
 #include "zest/nn/gpt.hpp"
 #include "zest/optim/schedule.hpp"
 #include "zest/report/progress.hpp"
-#include "zest/report/svg_plot.hpp"
 #include "zest/report/training_log.hpp"
 #include "zest/train/checkpoint.hpp"
 #include "zest/train/train_step.hpp"
@@ -209,6 +208,44 @@ inline zest::json::value config_json(const flags& f, std::size_t vocab) {
 // split evenly over 1, 2, 4, ... ranks (the extra rows are never a target).
 inline std::size_t padded_vocab(std::size_t v) { return (v + 31) / 32 * 32; }
 
+// What the expert layers did in a step (gpt<P>::moe_report, whose type is the policy's).
+struct moe_figures {
+  double nll = 0, aux_loss = 0, dropped_fraction = 0;
+  std::vector<std::int64_t> tokens_per_expert;
+};
+
+// The parts of a run that do not depend on the training policy: train<P> is compiled once
+// per policy (twelve times on the CPU), these once, in train_gpt.cpp (bench/README.md,
+// "Compile time and memory").
+
+// The first lines: the model, the run and the model states per rank.
+void print_header(const flags& f, const zest::text_dataset& data, std::size_t vocab,
+                  std::size_t params, const std::string& mesh, std::size_t moe_layers,
+                  std::int64_t model_state_bytes, double planner_bytes, double entropy);
+
+// The run's settings in the log (a resumed run appends to the log it continues).
+zest::report::training_log start_log(const flags& f, std::size_t vocab, const std::string& mesh,
+                                     std::size_t params, double entropy,
+                                     std::int64_t model_state_bytes);
+
+// A step's entry in the log.
+zest::json::value step_record(std::int64_t step, const zest::train_step_result& r,
+                              double tokens_per_step, bool loss_scaling, const moe_figures* moe);
+
+// A step's progress line.
+std::string progress_text(const zest::train_step_result& r, double tokens_per_step,
+                          std::int64_t model_state_bytes, const moe_figures* moe);
+
+// The sample's next character: temperature 0.8 over the real vocabulary, from the logits of
+// the last position (`at` in the global logits); every rank draws the same character.
+std::int32_t draw_next(const std::vector<float>& all, std::size_t at, std::size_t vocab,
+                       std::mt19937_64& rng);
+
+// Rank 0 at the end: the summary line and sample, the log's summary, the log and the plot.
+void finish_run(const flags& f, zest::report::training_log& log, const std::string& mesh,
+                double last_loss, double entropy, std::int64_t trained, double seconds,
+                double tokens_per_step, const std::string& sample);
+
 template <class P>
 int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_dataset& data) {
   using mesh_t = typename P::mesh_type;
@@ -257,38 +294,14 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   const auto plan = zest::plan_zero<typename P::stage>(
       model.shape(), mesh,
       std::is_same_v<typename P::param_type, float> ? zest::fp32_adam : zest::mixed_precision_adam);
+  const std::string described = mesh.describe();
   if (root && !f.quiet) {
-    std::cout << "train_gpt: " << zest::report::format_count(static_cast<double>(params))
-              << " parameters, " << f.layers << " layers, width " << f.width << ", vocab "
-              << data.vocab_size() << " (padded " << go.vocab << "), ZeRO-" << f.zero << ", "
-              << f.precision << ", " << mesh.describe() << ", batch " << f.batch << " x "
-              << f.context << " tokens"
-              << (f.moe ? ", MoE " + std::to_string(f.experts) + " experts top-" +
-                              std::to_string(f.top_k) + " in " +
-                              std::to_string(model.moe_layer_count()) + " layers"
-                        : std::string())
-              << '\n';
-    std::cout << "model states per rank: "
-              << zest::report::format_bytes(static_cast<double>(model_state_bytes));
-    // The planner's model has every parameter replicated off the data axis (no experts).
-    if (!f.moe) {
-      std::cout << " (planner: "
-                << zest::report::format_bytes(static_cast<double>(plan.memory.total())) << ")";
-    }
-    std::cout << "; unigram entropy of the text " << entropy << " nats\n";
+    print_header(f, data, go.vocab, params, described, model.moe_layer_count(), model_state_bytes,
+                 static_cast<double>(plan.memory.total()), entropy);
   }
 
-  zest::report::training_log log;
-  if (!f.log.empty() && !f.load.empty() && std::filesystem::exists(f.log)) {
-    log = zest::report::training_log::read(f.log);  // a resumed run appends to its log
-  }
-  log.set("config", config_json(f, data.vocab_size()));
-  log.set("zero_stage", static_cast<std::int64_t>(f.zero));
-  log.set("precision", f.precision);
-  log.set("mesh", mesh.describe());
-  log.set("parameters", static_cast<std::int64_t>(params));
-  log.set("unigram_entropy_nats", entropy);
-  log.set("model_state_bytes_per_rank", static_cast<std::int64_t>(model_state_bytes));
+  zest::report::training_log log =
+      start_log(f, data.vocab_size(), described, params, entropy, model_state_bytes);
 
   zest::report::progress_line progress(f.steps, (root && !f.quiet) ? stdout : nullptr);
   const double tokens_per_step = static_cast<double>(f.batch * f.context);
@@ -303,47 +316,17 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     last_loss = r.loss;
     seconds += r.seconds;
     ++trained;
-    zest::json::object rec;
-    rec.emplace_back("step", step + 1);
-    rec.emplace_back("loss", r.loss);
-    rec.emplace_back("lr", r.report.lr);
-    rec.emplace_back("grad_norm", r.report.grad_norm);
-    rec.emplace_back("applied", r.report.applied);
-    rec.emplace_back("seconds", r.seconds);
-    rec.emplace_back("tokens_per_s", tokens_per_step / r.seconds);
-    rec.emplace_back("bytes_sent", static_cast<std::int64_t>(r.traffic.bytes_sent()));
-    rec.emplace_back("scalar_bytes_sent", static_cast<std::int64_t>(r.scalar_traffic.bytes_sent()));
-    rec.emplace_back("peak_bytes", r.peak_bytes);
-    if (P::loss_scaling) rec.emplace_back("loss_scale", static_cast<double>(r.report.loss_scale));
-    typename zest::gpt<P>::moe_report moe;
+    moe_figures moe;
     if (f.moe) {
-      moe = model.last_moe_report();
-      rec.emplace_back("nll", moe.nll);
-      rec.emplace_back("aux_loss", moe.aux_loss);
-      rec.emplace_back("dropped_fraction", moe.dropped_fraction);
-      zest::json::array per_expert;
-      for (auto c : moe.tokens_per_expert) per_expert.emplace_back(c);
-      rec.emplace_back("tokens_per_expert", std::move(per_expert));
+      auto m = model.last_moe_report();
+      moe = {m.nll, m.aux_loss, m.dropped_fraction, std::move(m.tokens_per_expert)};
     }
-    log.add_step(zest::json::value(std::move(rec)));
+    const moe_figures* moe_if = f.moe ? &moe : nullptr;
+    log.add_step(step_record(step, r, tokens_per_step, P::loss_scaling, moe_if));
     if (root && !f.quiet &&
         (progress.on_terminal() || (step + 1) % f.print_every == 0 || step + 1 == f.steps ||
          step == 0)) {
-      std::ostringstream line;
-      line.precision(4);
-      line << "loss " << r.loss << "  " << zest::report::format_count(tokens_per_step / r.seconds)
-           << " tok/s  states "
-           << zest::report::format_bytes(static_cast<double>(model_state_bytes)) << "  peak "
-           << zest::report::format_bytes(static_cast<double>(r.peak_bytes)) << "  sent "
-           << zest::report::format_bytes(static_cast<double>(r.traffic.bytes_sent())) << "/step";
-      if (f.moe) {
-        const auto [lo, hi] =
-            std::minmax_element(moe.tokens_per_expert.begin(), moe.tokens_per_expert.end());
-        line << "  aux " << moe.aux_loss << "  dropped " << 100 * moe.dropped_fraction
-             << "%  experts max/min " << *hi << "/" << *lo << " tok";
-      }
-      if (!r.report.applied) line << "  (skipped: inf/nan, scale " << r.report.loss_scale << ")";
-      progress.update(step + 1, line.str());
+      progress.update(step + 1, progress_text(r, tokens_per_step, model_state_bytes, moe_if));
     }
   }
   progress.finish();
@@ -370,57 +353,13 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
       const auto logits = model.logits(t, in);
       engine.discard_forward();
       const auto all = zest::to_global(logits.value());  // [rows, len, vocab] on every rank
-      const std::size_t v = go.vocab, at = (len - 1) * v;
-      // Temperature 0.8 over the real vocabulary; every rank draws the same character.
-      std::vector<double> w(data.vocab_size());
-      double top = -1e30;
-      for (std::size_t c = 0; c < w.size(); ++c)
-        top = std::max(top, static_cast<double>(all[at + c]));
-      for (std::size_t c = 0; c < w.size(); ++c) w[c] = std::exp((all[at + c] - top) / 0.8);
-      std::discrete_distribution<int> pick(w.begin(), w.end());
-      ids.push_back(pick(rng));
+      ids.push_back(draw_next(all, (len - 1) * go.vocab, data.vocab_size(), rng));
     }
     sample = data.decode(ids);
   }
 
   if (root) {
-    if (!f.quiet) {
-      std::cout << "final loss " << last_loss << " nats (unigram entropy " << entropy << "), "
-                << trained << " steps in " << zest::report::format_duration(seconds) << ", "
-                << zest::report::format_count(
-                       trained > 0 ? tokens_per_step * static_cast<double>(trained) / seconds : 0)
-                << " tok/s\n";
-      if (!sample.empty()) std::cout << "sample:\n" << sample << "\n";
-    }
-    log.set_summary("final_loss", last_loss);
-    log.set_summary("steps_trained", trained);
-    log.set_summary("seconds", seconds);
-    if (!sample.empty()) log.set_summary("sample", sample);
-    if (!f.log.empty()) log.write(f.log);
-    if (!f.plot.empty()) {
-      zest::report::series loss{"loss", {}, {}};
-      zest::report::series aux{"aux loss (right axis)", {}, {}};
-      aux.secondary_axis = true;
-      const auto j = log.to_json();
-      for (const auto& s : j["steps"].as_array()) {
-        loss.x.push_back(s["step"].as_number());
-        loss.y.push_back(s["loss"].as_number());
-        if (const auto* a = s.find("aux_loss")) {
-          aux.x.push_back(s["step"].as_number());
-          aux.y.push_back(a->as_number());
-        }
-      }
-      zest::report::plot_options po;
-      po.title = "train_gpt: ZeRO-" + std::to_string(f.zero) + ", " + mesh.describe();
-      po.y_label = "loss (nats)";
-      po.reference_lines.push_back({"unigram entropy", entropy});
-      std::vector<zest::report::series> curves{loss};
-      if (!aux.x.empty()) {
-        curves.push_back(aux);
-        po.y2_label = "aux loss";
-      }
-      zest::write_text_file_atomically(f.plot, zest::report::svg_line_plot(curves, po));
-    }
+    finish_run(f, log, described, last_loss, entropy, trained, seconds, tokens_per_step, sample);
   }
   return 0;
 }
@@ -442,6 +381,11 @@ int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 2> 
   }
   return train_with_precision<Mesh, float>(f, mesh, data);
 }
+
+// --device cpu: the mesh of train_gpt.cpp's runs. Their three precisions are compiled apart,
+// in train_gpt_fp32.cpp, train_gpt_bf16.cpp and train_gpt_fp16.cpp (explicit instantiations
+// of train_with_precision<cpu_mesh, ...>, declared extern in train_gpt.cpp).
+using cpu_mesh = zest::mesh<"dp", "ep">;
 
 // --device cuda: defined in train_gpt_cuda.cu, compiled by nvcc when the build has CUDA.
 int train_on_cuda(const flags& f, const zest::text_dataset& data, std::array<int, 2> sizes);

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace zest {
@@ -43,12 +44,21 @@ class checkpoint_error : public std::runtime_error {
 };
 
 namespace detail {
-// Builds a message from pieces: detail::message("einsum \"", spec, "\": dim '", d, "'").
+// The pieces written out, by their decayed types: one instantiation per sequence of types,
+// whatever the lengths of the string literals among them.
 template <class... Parts>
-std::string message(Parts&&... parts) {
+std::string message_of(const Parts&... parts) {
   std::ostringstream out;
-  (out << ... << std::forward<Parts>(parts));
+  (out << ... << parts);
   return out.str();
+}
+// Builds a message from pieces: detail::message("einsum \"", spec, "\": dim '", d, "'").
+// (A literal's type includes its length: passed on as such, every message with other
+// wording would compile its own ostringstream code; bench/README.md, "Compile time and
+// memory".)
+template <class... Parts>
+std::string message(const Parts&... parts) {
+  return message_of<std::decay_t<const Parts&>...>(parts...);
 }
 }  // namespace detail
 

@@ -116,29 +116,45 @@ inline constexpr std::int64_t checkpoint_format_version = 1;
 
 namespace detail {
 
+// The record from the tensor's figures: a function of no tensor type, so that it is compiled
+// once, not once per tensor type (bench/README.md, "Compile time and memory").
+inline tensor_record make_record_of(std::string name, std::string_view dims, dtype type,
+                                    std::span<const std::size_t> global,
+                                    std::span<const std::size_t> offsets,
+                                    std::span<const std::size_t> local, std::string layout,
+                                    bool writes, std::span<std::byte> bytes) {
+  tensor_record r;
+  r.name = std::move(name);
+  r.dims = std::string(dims);
+  r.type = type;
+  r.global_extents.assign(global.begin(), global.end());
+  r.local_offsets.assign(offsets.begin(), offsets.end());
+  r.local_extents.assign(local.begin(), local.end());
+  r.layout = std::move(layout);
+  r.writes = writes;
+  r.bytes = bytes;
+  return r;
+}
+
 template <sharded_tensor X>
 tensor_record make_record(std::string name, const X& tensor, std::span<std::byte> bytes) {
   using mesh_type = typename X::mesh_type;
-  if (X::layout.any_partial()) {
+  if constexpr (X::layout.any_partial()) {
+    (void)tensor;
+    (void)bytes;
     throw shape_error(zest::detail::message(
         "zest: io::record: tensor \"", name, "\" has layout ", layout_string<X>(),
         ", which is partial: its value is a pending sum over ranks; reduce it first "
         "(redistribute to a layout without partial axes)"));
+  } else {
+    bool writes = true;
+    for (std::size_t a = 0; a < mesh_type::axis_count; ++a) {
+      if (X::layout.is_replicate(a) && tensor.mesh().coord(a) != 0) writes = false;
+    }
+    return make_record_of(std::move(name), view_of<X::dims>, dtype_of<typename X::value_type>(),
+                          tensor.extents(), tensor.local_offsets(), tensor.local_extents(),
+                          layout_string<X>(), writes, bytes);
   }
-  tensor_record r;
-  r.name = std::move(name);
-  r.dims = std::string(view_of<X::dims>);
-  r.type = dtype_of<typename X::value_type>();
-  r.global_extents.assign(tensor.extents().begin(), tensor.extents().end());
-  r.local_offsets.assign(tensor.local_offsets().begin(), tensor.local_offsets().end());
-  r.local_extents.assign(tensor.local_extents().begin(), tensor.local_extents().end());
-  r.layout = layout_string<X>();
-  r.writes = true;
-  for (std::size_t a = 0; a < mesh_type::axis_count; ++a) {
-    if (X::layout.is_replicate(a) && tensor.mesh().coord(a) != 0) r.writes = false;
-  }
-  r.bytes = bytes;
-  return r;
 }
 
 // A host copy of a shard outside host memory, shared by the copies of its record.

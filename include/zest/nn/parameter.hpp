@@ -247,8 +247,54 @@ constexpr layout_value reduce_other_axes(layout_value g, const layout_value& kep
   return g;
 }
 
+// The initial values of a tensor's local block: init(seed, global row-major index) at each
+// element, converted through float to T. A function of the element type only (the dims'
+// count, extents and offsets are arguments), so that it is compiled once per precision,
+// not once per parameter type (bench/README.md, "Compile time and memory").
+template <class T>
+host_vector<T> initial_values(std::size_t rank, const std::size_t* global,
+                              const std::size_t* offsets, const std::size_t* local,
+                              std::uint64_t seed, const initializer& init) {
+  std::size_t count = 1;
+  for (std::size_t k = 0; k < rank; ++k) count *= local[k];
+  host_vector<T> values(count);
+  std::array<std::size_t, max_dims> index{};
+  for (std::size_t flat = 0; flat < count; ++flat) {
+    std::size_t rest = flat;
+    for (std::size_t i = rank; i-- > 0;) {
+      index[i] = offsets[i] + rest % local[i];
+      rest /= local[i];
+    }
+    std::uint64_t at = 0;
+    for (std::size_t k = 0; k < rank; ++k) at = at * global[k] + index[k];
+    values[flat] = static_cast<T>(static_cast<float>(init(seed, at)));
+  }
+  return values;
+}
+// Fills t's local block with its initial values (as basic_tensor::generate would).
+template <class Tensor>
+void initialise(Tensor& t, std::uint64_t seed, const initializer& init) {
+  using T = typename Tensor::value_type;
+  using backend_t = typename Tensor::backend_type;
+  if (!t.holds_partial_summand()) {
+    backend_t::fill(t.storage().data(), t.storage().size(), T{});
+    return;
+  }
+  auto values = initial_values<T>(Tensor::rank, t.extents().data(), t.local_offsets().data(),
+                                  t.local_extents().data(), seed, init);
+  if constexpr (std::is_same_v<typename Tensor::storage_type, host_vector<T>>) {
+    t.storage() = std::move(values);
+  } else {
+    t.storage() =
+        backend_t::template from_host<T>(std::span<const T>(values.data(), values.size()));
+  }
+}
+
 // What the engine needs of a parameter, whatever its dims: the type-erased side of
-// zest::parameter. P is the training policy.
+// zest::parameter. P is the training policy. What only needs the shards' storage (the
+// gradient's and optimizer's element loops, the published blocks) is implemented here, once
+// per policy, on views of the derived parameter's tensors; the rest is virtual (compiled
+// once per parameter type: bench/README.md, "Compile time and memory").
 template <class P>
 class parameter_slot {
  public:
@@ -263,13 +309,19 @@ class parameter_slot {
   const std::string& name() const { return name_; }
   bool decays() const { return decay_; }
   // Elements of the global tensor, and its extents.
-  virtual std::size_t size() const = 0;
-  virtual std::vector<std::size_t> global_extents() const = 0;
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (auto e : global_) n *= e;
+    return n;
+  }
+  std::vector<std::size_t> global_extents() const { return global_; }
   // The split over the data axis of this rank's compute block.
-  virtual data_split split() const = 0;
+  data_split split() const { return split_; }
 
   // Stage 3's gather: the stored block; then rank r's block into the compute value.
-  virtual std::span<const param_type> stored_block() const = 0;
+  std::span<const param_type> stored_block() const {
+    return {stored_view_->data(), stored_view_->size()};
+  }
   virtual void receive_block(std::size_t r, const param_type* block) = 0;
   // Stages 0-2: the compute value from the stored copy (a conversion, no communication).
   virtual void compute_from_stored() = 0;
@@ -284,19 +336,36 @@ class parameter_slot {
   // The gradient backward left, reduced over the other mesh axes; empty when the
   // parameter was not reached (then zeros are reduced).
   virtual void take_gradient() = 0;
-  virtual void gradient_block(std::size_t r, grad_type* out) const = 0;  // rows block(r)
-  virtual void gradient_whole(grad_type* out) const = 0;
+  void gradient_block(std::size_t r, grad_type* out) const {  // rows block(r)
+    copy_rows_out<backend_t>(gradient_.data(), split_, split_.block(r), out);
+  }
+  void gradient_whole(grad_type* out) const {
+    convert<backend_t>(gradient_, std::span<grad_type>(out, gradient_.size()));
+  }
   // Stage 1: adds the whole gradient into the (partial) gradient buffer.
-  virtual void add_gradient_to_buffer() = 0;
+  void add_gradient_to_buffer() {
+    accumulate<backend_t>(buffer_view_->data(), gradient_.data(), buffer_view_->size());
+  }
   virtual void drop_gradient() = 0;
 
   // Persistent gradient buffer (gradient_buffer layout) and the kept gradient (what the
   // optimizer reads: kept_gradient layout).
-  virtual std::span<grad_type> gradient_buffer() = 0;
-  virtual std::span<const grad_type> kept_gradient() const = 0;
-  virtual std::span<grad_type> kept_gradient_storage() = 0;
-  virtual bool kept_gradient_counted() const = 0;  // its elements count in a global norm
-  virtual void release_step_buffers() = 0;
+  std::span<grad_type> gradient_buffer() { return {buffer_view_->data(), buffer_view_->size()}; }
+  std::span<const grad_type> kept_gradient() const {
+    if (kept_is_buffer_) return {buffer_view_->data(), buffer_view_->size()};
+    return kept_ ? std::span<const grad_type>(kept_->data(), kept_->size())
+                 : std::span<const grad_type>{};
+  }
+  std::span<grad_type> kept_gradient_storage() {
+    if (kept_is_buffer_) return gradient_buffer();
+    if (!kept_) kept_.emplace(kept_count_);
+    return {kept_->data(), kept_->size()};
+  }
+  bool kept_gradient_counted() const { return kept_counted_; }  // counts in a global norm
+  void release_step_buffers() {
+    kept_.reset();
+    memory::release(scratch_);
+  }
   // The states a checkpoint holds: the stored copy ("name"), the fp32 master if separate
   // ("name.master") and Adam's moments ("name.adam_m", "name.adam_v").
   virtual void checkpoint_records(std::vector<io::tensor_record>& out) = 0;
@@ -304,18 +373,67 @@ class parameter_slot {
   virtual std::vector<float> whole_value() const = 0;
 
   // The fp32 values the optimizer updates (the master shard), Adam's m and v.
-  virtual std::span<float> master() = 0;
-  virtual std::span<float> adam_m() = 0;
-  virtual std::span<float> adam_v() = 0;
+  std::span<float> master() {
+    if constexpr (P::has_master) {
+      return {master_view_->data(), master_view_->size()};
+    } else if (master_is_stored_) {
+      return {stored_view_->data(), stored_view_->size()};  // fp32: the stored copy is the master
+    } else {
+      // fp32 under stages 1, 2: the master is this rank's block of the replicated copy,
+      // extracted for the update and published back by the all-gather.
+      resize_buffer<backend_t>(scratch_, split_.count(data_coord_));
+      copy_rows_out<backend_t>(stored_view_->data(), split_, split_.block(data_coord_),
+                               scratch_.data());
+      return {scratch_.data(), scratch_.size()};
+    }
+  }
+  std::span<float> adam_m() { return {m_view_->data(), m_view_->size()}; }
+  std::span<float> adam_v() { return {v_view_->data(), v_view_->size()}; }
   // After the update: the stored copy from the master (stages 0, 3), or the updated block
   // to all-gather (stages 1, 2) and the received blocks.
-  virtual void store_from_master() = 0;
-  virtual void published_block(param_type* out) const = 0;
-  virtual void receive_published(std::size_t r, const param_type* block) = 0;
+  void store_from_master() {
+    if constexpr (P::has_master) {
+      convert<backend_t>(std::span<const float>(master_view_->data(), master_view_->size()),
+                         std::span<param_type>(stored_view_->data(), stored_view_->size()));
+    }
+  }
+  void published_block(param_type* out) const {
+    if constexpr (P::has_master) {
+      convert<backend_t>(std::span<const float>(master_view_->data(), master_view_->size()),
+                         std::span<param_type>(out, master_view_->size()));
+    } else {
+      copy_elements<backend_t>(scratch_.data(), scratch_.size(), out);
+    }
+  }
+  void receive_published(std::size_t r, const param_type* block) {
+    copy_rows_in<backend_t>(block, split_, split_.block(r), stored_view_->data());
+  }
 
  protected:
+  using backend_t = backend_of<typename P::mesh_type>;
+  template <class T>
+  using buffer = typename backend_t::template buffer<T>;
+
   std::string name_;
   bool decay_ = true;
+  // Set by the parameter's constructor: its extents and split, its data-axis coordinate,
+  // what its layouts imply, and views of its tensors' storage (members of the parameter).
+  std::vector<std::size_t> global_;
+  data_split split_;
+  std::size_t data_coord_ = 0;
+  bool kept_is_buffer_ = true;    // kept_gradient and gradient_buffer layouts agree
+  bool kept_counted_ = true;      // this rank's kept block counts in a global norm
+  bool master_is_stored_ = true;  // fp32: master and stored layouts agree
+  std::size_t kept_count_ = 0;    // elements of the kept block (when not the buffer)
+  buffer<param_type>* stored_view_ = nullptr;
+  buffer<grad_type>* buffer_view_ = nullptr;
+  buffer<float>*m_view_ = nullptr, *v_view_ = nullptr;
+  buffer<float>* master_view_ = nullptr;  // 16-bit policies
+  std::span<const float> gradient_;       // the taken gradient (take_gradient to drop_gradient)
+  std::optional<buffer<grad_type>> kept_;
+  // fp32 stages 1, 2: this rank's block of the stored copy during a step (backend memory).
+  // Uncounted std::vector on the host, as before the backends; a buffer of B elsewhere.
+  std::conditional_t<host_loops<backend_t>, std::vector<float>, buffer<float>> scratch_;
 };
 
 }  // namespace detail
@@ -375,41 +493,46 @@ class parameter final : public detail::parameter_slot<P> {
     this->name_ = std::move(name);
     this->decay_ = decay;
     const std::uint64_t seed = engine.seed_for(this->name_);
-    auto value = [&](const extents_type& i) {
-      std::uint64_t flat = 0;
-      for (std::size_t k = 0; k < Dims.size(); ++k) flat = flat * extents[k] + i[k];
-      return init(seed, flat);
-    };
-    stored_ = stored_tensor::generate(*mesh_, extents, [&](const extents_type& i) {
-      return static_cast<param_type>(static_cast<float>(value(i)));
-    });
+    detail::initialise(stored_, seed, init);
     if constexpr (P::has_master) {
-      master_.emplace(state_tensor::generate(
-          *mesh_, extents, [&](const extents_type& i) { return static_cast<float>(value(i)); }));
+      master_.emplace(*mesh_, extents, state_tensor::uninitialized);
+      detail::initialise(*master_, seed, init);
+      this->master_view_ = &master_->storage();
     }
+    this->stored_view_ = &stored_.storage();
+    this->buffer_view_ = &buffer_.storage();
+    this->m_view_ = &m_.storage();
+    this->v_view_ = &v_.storage();
+    this->global_.assign(extents.begin(), extents.end());
     // The split over the data axis of the compute block.
+    auto& split = this->split_;
     const std::size_t k = Dims.find(split_dim);
+    const auto coords = mesh_->coords();
+    std::size_t kept = 1;
     for (std::size_t i = 0; i < Dims.size(); ++i) {
       const std::size_t local =
-          dim_range(layouts.compute, Dims[i], extents[i], mesh_->sizes(), mesh_->coords()).size;
-      if (i < k) split_.outer *= local;
-      if (i == k) split_.extent = local;
-      if (i > k) split_.inner *= local;
+          dim_range(layouts.compute, Dims[i], extents[i], mesh_->sizes(), coords).size;
+      if (i < k) split.outer *= local;
+      if (i == k) split.extent = local;
+      if (i > k) split.inner *= local;
+      kept *= dim_range(layouts.kept_gradient, Dims[i], extents[i], mesh_->sizes(), coords).size;
     }
-    split_.parts = static_cast<std::size_t>(mesh_->size(data));
+    split.parts = static_cast<std::size_t>(mesh_->size(data));
+    this->data_coord_ = static_cast<std::size_t>(mesh_->coord(data));
+    this->kept_is_buffer_ = layouts.kept_gradient == layouts.gradient_buffer;
+    this->kept_count_ = kept;
+    this->master_is_stored_ = layouts.master == layouts.stored;
+    // Each element of the global gradient counts once in a norm: on every axis where the
+    // kept layout is replicated, only coordinate 0 counts.
+    for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
+      if (layouts.kept_gradient.is_replicate(a) && mesh_->coord(a) != 0) {
+        this->kept_counted_ = false;
+      }
+    }
     engine.add(*this);
   }
 
   const extents_type& extents() const { return extents_; }
-  std::size_t size() const override {
-    std::size_t n = 1;
-    for (auto e : extents_) n *= e;
-    return n;
-  }
-  std::vector<std::size_t> global_extents() const override {
-    return {extents_.begin(), extents_.end()};
-  }
-  detail::data_split split() const override { return split_; }
 
   // The compute value during a step (after the engine gathered it): use it in einsums.
   const variable_type& value() const {
@@ -434,10 +557,10 @@ class parameter final : public detail::parameter_slot<P> {
   state_tensor& master_tensor() requires(P::has_master) { return *master_; }
   const state_tensor& master_tensor() const requires(P::has_master) { return *master_; }
 
-  // --- parameter_slot ---------------------------------------------------------------------
-  std::span<const param_type> stored_block() const override { return stored_.local(); }
+  // --- parameter_slot: what depends on the tensors' types --------------------------------
   void receive_block(std::size_t r, const param_type* block) override {
-    detail::copy_rows_in<backend_t>(block, split_, split_.block(r), compute_storage().data());
+    const auto& split = this->split_;
+    detail::copy_rows_in<backend_t>(block, split, split.block(r), compute_storage().data());
   }
   void compute_from_stored() override {
     // Stored and compute differ only in the data axis placement (replicate for stages 0-2).
@@ -474,77 +597,25 @@ class parameter final : public detail::parameter_slot<P> {
   void detach() override {
     var_.reset();
     pending_.reset();
-    grad_.reset();
+    drop_gradient();
   }
 
   void take_gradient() override {
     if (!var_ || !var_->has_gradient()) {
       grad_.emplace(*mesh_, extents_);  // not reached: a zero gradient
-      return;
+    } else {
+      // Pending sums over other axes (a weight replicated over a tensor-parallel axis) are
+      // reduced here; the data axis is the engine's, coalesced over the group.
+      grad_.emplace(redistribute_to<reduced_gradient>(std::move(*var_->node()->grad)));
+      var_->zero_grad();
     }
-    // Pending sums over other axes (a weight replicated over a tensor-parallel axis) are
-    // reduced here; the data axis is the engine's, coalesced over the group.
-    grad_.emplace(redistribute_to<reduced_gradient>(std::move(*var_->node()->grad)));
-    var_->zero_grad();
+    this->gradient_ = std::as_const(*grad_).local();
   }
-  void gradient_block(std::size_t r, grad_type* out) const override {
-    detail::copy_rows_out<backend_t>(grad_->local().data(), split_, split_.block(r), out);
-  }
-  void gradient_whole(grad_type* out) const override {
-    detail::convert<backend_t>(std::span<const float>(grad_->local()),
-                               std::span<grad_type>(out, grad_->local_count()));
-  }
-  void add_gradient_to_buffer() override {
-    const auto g = std::as_const(*grad_).local();
-    auto b = buffer_.local();
-    detail::accumulate<backend_t>(b.data(), g.data(), b.size());
-  }
-  void drop_gradient() override { grad_.reset(); }
-  void release_step_buffers() override {
-    kept_.reset();
-    memory::release(scratch_);
+  void drop_gradient() override {
+    grad_.reset();
+    this->gradient_ = {};
   }
 
-  std::span<grad_type> gradient_buffer() override { return buffer_.local(); }
-  std::span<const grad_type> kept_gradient() const override {
-    if constexpr (layouts.kept_gradient == layouts.gradient_buffer) {
-      return buffer_.local();
-    } else {
-      return kept_ ? kept_->local() : std::span<const grad_type>{};
-    }
-  }
-  std::span<grad_type> kept_gradient_storage() override {
-    if constexpr (layouts.kept_gradient == layouts.gradient_buffer) {
-      return buffer_.local();
-    } else {
-      if (!kept_) kept_.emplace(*mesh_, extents_, kept_tensor::uninitialized);
-      return kept_->local();
-    }
-  }
-  bool kept_gradient_counted() const override {
-    // Each element of the global gradient counts once: on every axis where the kept layout
-    // is replicated, only coordinate 0 counts.
-    for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
-      if (layouts.kept_gradient.is_replicate(a) && mesh_->coord(a) != 0) return false;
-    }
-    return true;
-  }
-
-  std::span<float> master() override {
-    if constexpr (P::has_master) {
-      return master_->local();
-    } else if constexpr (layouts.master == layouts.stored) {
-      return stored_.local();  // fp32: the stored copy is the master
-    } else {
-      // fp32 under stages 1, 2: the master is this rank's block of the replicated copy,
-      // extracted for the update and published back by the all-gather.
-      const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
-      detail::resize_buffer<backend_t>(scratch_, split_.count(me));
-      detail::copy_rows_out<backend_t>(stored_.local().data(), split_, split_.block(me),
-                                       scratch_.data());
-      return {scratch_.data(), scratch_.size()};
-    }
-  }
   void checkpoint_records(std::vector<io::tensor_record>& out) override {
     out.push_back(io::record(this->name_, stored_));
     if constexpr (P::has_master) out.push_back(io::record(this->name_ + ".master", *master_));
@@ -555,26 +626,6 @@ class parameter final : public detail::parameter_slot<P> {
   std::vector<float> whole_value() const override {
     const auto all = to_global(stored_);
     return std::vector<float>(all.begin(), all.end());
-  }
-
-  std::span<float> adam_m() override { return m_.local(); }
-  std::span<float> adam_v() override { return v_.local(); }
-
-  void store_from_master() override {
-    if constexpr (P::has_master) {
-      detail::convert<backend_t>(std::span<const float>(master_->local()), stored_.local());
-    }
-  }
-  void published_block(param_type* out) const override {
-    if constexpr (P::has_master) {
-      detail::convert<backend_t>(std::span<const float>(master_->local()),
-                                 std::span<param_type>(out, master_->local_count()));
-    } else {
-      detail::copy_elements<backend_t>(scratch_.data(), scratch_.size(), out);
-    }
-  }
-  void receive_published(std::size_t r, const param_type* block) override {
-    detail::copy_rows_in<backend_t>(block, split_, split_.block(r), stored_.local().data());
   }
 
  private:
@@ -589,16 +640,9 @@ class parameter final : public detail::parameter_slot<P> {
   buffer_tensor buffer_;
   state_tensor m_, v_;
   std::optional<state_tensor> master_;
-  std::optional<kept_tensor> kept_;
   std::optional<compute_tensor> pending_;
   std::optional<variable_type> var_;
   std::optional<reduced_gradient_tensor> grad_;
-  // fp32 stages 1, 2: this rank's block of the stored copy during a step (backend memory).
-  // Uncounted std::vector on the host, as before the backends; a buffer of B elsewhere.
-  std::conditional_t<detail::host_loops<backend_t>, std::vector<float>,
-                     typename backend_t::template buffer<float>>
-      scratch_;
-  detail::data_split split_;
 };
 
 }  // namespace zest

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -74,13 +75,17 @@ slab<Rank> slab_around(const std::array<std::size_t, Rank>& ext, std::size_t dim
   return s;
 }
 
-template <class T, fixed_string Dims, class Mesh, class Backend, std::size_t Rank>
+// One step of a plan. The dims are a run-time argument: this, the largest function of the
+// library's training path, is compiled once per element type and rank, not once per tensor
+// type (bench/README.md, "Compile time and memory").
+template <class T, class Mesh, class Backend, std::size_t Rank>
 void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
-                const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
+                const std::array<std::size_t, Rank>& global, const Mesh& mesh,
+                std::string_view dims) {
   auto& comm = mesh.axis(s.axis);
   const auto n = static_cast<std::size_t>(mesh.size(s.axis));
   const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
-  const auto dim_of = [](char c) { return Dims.find(c); };
+  const auto dim_of = [dims](char c) { return dims.find(c); };
   auto coords = mesh.coords();
 
   switch (s.kind) {
@@ -240,7 +245,7 @@ typename Backend::template buffer<T> run_transition(const transition_plan& plan,
                                                     const Mesh& mesh) {
   moving_shard<T, Backend, Rank> sh{from, local, data, {}, true};
   for (const auto& s : plan) {
-    apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
+    apply_step<T, Mesh, Backend, Rank>(s, sh, global, mesh, view_of<Dims>);
     sh.layout = after_step(sh.layout, s);
   }
   return sh.release();
@@ -255,7 +260,7 @@ requires(!std::is_lvalue_reference_v<Buffer>) Buffer
   moving_shard<T, Backend, Rank> sh{from, local, {}, {}, true};
   sh.replace(std::move(data));
   for (const auto& s : plan) {
-    apply_step<T, Dims, Mesh, Backend, Rank>(s, sh, global, mesh);
+    apply_step<T, Mesh, Backend, Rank>(s, sh, global, mesh, view_of<Dims>);
     sh.layout = after_step(sh.layout, s);
   }
   return sh.release();

@@ -285,15 +285,19 @@ std::uint64_t data_axis_size(const Mesh& mesh, std::string_view axis) {
   return 1;
 }
 
-template <class Stage, fixed_string Dims, class Mesh>
-void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Mesh& mesh) {
-  static constexpr zero_layouts layouts = Stage::template layouts<Mesh, Dims>;
-
-  std::array<std::size_t, Dims.size()> global{};
-  for (std::size_t i = 0; i < global.size(); ++i) global[i] = param.extents[i];
+// One parameter's figures, its layouts given. The dims ("ab..." by position) are a run-time
+// value: this is compiled once per mesh type, not once per stage and number of dims
+// (bench/README.md, "Compile time and memory").
+template <class Mesh>
+void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const Mesh& mesh,
+                            const zero_layouts& layouts, std::string_view dims) {
+  const std::vector<std::size_t>& global = param.extents;
   const auto coords = mesh.coords();
   auto held = [&](const layout_value& v) -> std::uint64_t {
-    return local_elements<Dims>(v, global, mesh, coords);
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < dims.size(); ++i)
+      n *= dim_range(v, dims[i], global[i], mesh.sizes(), coords).size;
+    return n;
   };
 
   const training_precision& pr = plan.precision;
@@ -302,6 +306,9 @@ void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Me
   plan.memory.master += held(layouts.master) * pr.master_bytes;
   plan.memory.optimizer_state += held(layouts.optimizer_state) * pr.optimizer_state_bytes;
 
+  const transition_shape shape = make_transition_shape(dims, global, mesh.sizes());
+  mesh_coords here{};
+  for (std::size_t a = 0; a < coords.size(); ++a) here[a] = coords[a];
   for (std::size_t i = 0; i < zero_phases.size(); ++i) {
     const zero_transfer x = transfer_of(layouts, zero_phases[i]);
     const std::size_t element = x.carries_gradient ? pr.gradient_bytes : pr.parameter_bytes;
@@ -312,10 +319,12 @@ void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Me
     unsigned changed = 0;
     for (std::size_t a = 0; a < x.from.axis_count; ++a)
       changed |= x.from.axes[a] == x.to.axes[a] ? 0U : 1U << a;
-    const transition_plan steps = transition_plan_for<Dims>(x.from, x.to, global, mesh, changed);
+    // What transition_plan_for and step_bytes compute, from the run-time shape.
+    const transition_plan steps = cached_transition_plan(x.from, x.to, shape, changed);
     for (const auto& s : steps) {
       if (is_collective(s.kind)) {
-        const std::uint64_t b = step_bytes<Dims>(s, v, global, mesh, element);
+        const std::uint64_t b =
+            static_cast<std::uint64_t>(step_elements(s, v, shape, here)) * element;
         const auto k = static_cast<std::size_t>(collective_of(s.kind));
         t.calls[k] += 1;
         t.bytes_by[k] += b;
@@ -325,6 +334,12 @@ void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Me
       v = after_step(v, s);
     }
   }
+}
+
+template <class Stage, fixed_string Dims, class Mesh>
+void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Mesh& mesh) {
+  static constexpr zero_layouts layouts = Stage::template layouts<Mesh, Dims>;
+  plan_parameter_layouts(plan, param, mesh, layouts, view_of<Dims>);
 }
 
 template <class Stage, class Mesh, std::size_t... R>
