@@ -1,6 +1,8 @@
 // checkpoints: save on one mesh and layout, load on another (other layouts, other rank
 // counts, 1-D and 2-D meshes), bit-exact; corrupt, truncated and mismatching checkpoints
-// refused on every rank with nothing loaded; atomic replacement of an older checkpoint.
+// refused on every rank with nothing loaded (the manifest's own checksum included); atomic
+// replacement of an older checkpoint and of the same step; an EIO on one rank thrown on
+// every rank, leaving the old or the new checkpoint; load_checkpoint's accept.
 // Every element's bits are a hash of its global index, so NaN payloads, infinities and
 // subnormals all go through, and a misplaced block shows.
 #include <doctest/doctest.h>
@@ -10,12 +12,14 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -268,6 +272,12 @@ io::checkpoint_info at_step(std::int64_t step) {
   return info;
 }
 
+// A changed manifest with its own checksum made again: as if save_checkpoint had written it.
+std::string sealed(json::value manifest) {
+  manifest["manifest_checksum"] = io::format_checksum(io::detail::manifest_checksum(manifest));
+  return json::dump(manifest, 1);
+}
+
 // Restores read_chunk_bytes on scope exit.
 struct chunk_bytes {
   std::size_t saved = io::detail::read_chunk_bytes();
@@ -513,11 +523,17 @@ TEST_CASE("corrupt, truncated and mismatching checkpoints are refused, nothing l
   world_mesh m(MPI_COMM_WORLD, {-1});
   shared_dir dir("refuse");
   saved_model<world_mesh> model(m);
-  io::save_checkpoint(dir.path(), m, model.records(), at_step(10));
-  const fs::path shard0 = dir.path() / "step-00000010.rank-0000.bin";
+  io::checkpoint_info info = at_step(10);
+  info.metadata["loss_scaler"]["scale"] = 1024.5;
+  io::save_checkpoint(dir.path(), m, model.records(), info);
   const fs::path manifest = dir.path() / "manifest.json";
-  const std::string shard_bytes = read_bytes(shard0);
   const std::string manifest_text = read_bytes(manifest);
+  // Rank 0's shard: the first file the manifest lists, "step-00000010.gen-<id>.rank-0000.bin".
+  const std::string shard0_name = json::parse(manifest_text)["files"][0]["file"].as_string();
+  REQUIRE(has(shard0_name, "step-00000010.gen-"));
+  REQUIRE(has(shard0_name, ".rank-0000.bin"));
+  const fs::path shard0 = dir.path() / shard0_name;
+  const std::string shard_bytes = read_bytes(shard0);
   REQUIRE(!shard_bytes.empty());
   REQUIRE(!manifest_text.empty());
   other_layouts<world_mesh> into(m);
@@ -541,7 +557,7 @@ TEST_CASE("corrupt, truncated and mismatching checkpoints are refused, nothing l
     bad[0] = static_cast<char>(bad[0] ^ 0x10);  // the first block rank 0 wrote: wte's
     const std::string what = refuse(shard0, bad);
     CHECK(has(what, "checksum mismatch"));
-    CHECK(has(what, "step-00000010.rank-0000.bin"));
+    CHECK(has(what, shard0_name));
     CHECK(has(what, "\"wte\""));
   }
   SUBCASE("a flipped bit late in a shard file") {
@@ -554,7 +570,7 @@ TEST_CASE("corrupt, truncated and mismatching checkpoints are refused, nothing l
   SUBCASE("a truncated shard file") {
     const std::string what = refuse(shard0, shard_bytes.substr(0, shard_bytes.size() - 1));
     CHECK(has(what, "truncated"));
-    CHECK(has(what, "step-00000010.rank-0000.bin"));
+    CHECK(has(what, shard0_name));
   }
   SUBCASE("a truncated manifest") {
     const std::string what = refuse(manifest, manifest_text.substr(0, manifest_text.size() / 2));
@@ -566,28 +582,58 @@ TEST_CASE("corrupt, truncated and mismatching checkpoints are refused, nothing l
     bad[bad.find("\"tensors\"")] = '?';
     CHECK(has(refuse(manifest, bad), "not valid JSON"));
   }
+  // Changed manifests, sealed again (a checksum of their new content) so that the checks
+  // behind the manifest's own checksum are reached.
   SUBCASE("a manifest that parses but lies about a file's size") {
     json::value v = json::parse(manifest_text);
     v["files"][0]["bytes"] = v["files"][0]["bytes"].as_int() + 8;
-    const std::string what = refuse(manifest, json::dump(v, 1));
+    const std::string what = refuse(manifest, sealed(std::move(v)));
     CHECK(has(what, "the manifest says"));
   }
   SUBCASE("a manifest whose block lies outside the tensor") {
     json::value v = json::parse(manifest_text);
     v["tensors"][0]["blocks"][0]["box_offsets"][0] = 1000;
-    CHECK(has(refuse(manifest, json::dump(v, 1)), "does not fit the extents"));
+    CHECK(has(refuse(manifest, sealed(std::move(v))), "does not fit the extents"));
   }
   SUBCASE("a manifest of a newer format") {
     json::value v = json::parse(manifest_text);
-    v["version"] = 2;
-    CHECK(has(refuse(manifest, json::dump(v, 1)), "version"));
+    v["version"] = io::checkpoint_format_version + 1;
+    CHECK(has(refuse(manifest, sealed(std::move(v))), "version is 3; this build reads version 2"));
+  }
+  SUBCASE("a manifest of format version 1 (no checksum of its own)") {
+    json::value v = json::parse(manifest_text);
+    v["version"] = 1;
+    json::object& members = v.as_object();
+    members.pop_back();  // "manifest_checksum" is the last member
+    CHECK(has(refuse(manifest, json::dump(v, 1)), "version is 1; this build reads version 2"));
   }
   SUBCASE("a manifest missing a block") {
     json::value v = json::parse(manifest_text);
     json::value& blocks = v["tensors"][0]["blocks"];
     json::array kept(blocks.as_array().begin() + 1, blocks.as_array().end());
     blocks = json::value(std::move(kept));
-    CHECK(has(refuse(manifest, json::dump(v, 1)), "data is missing"));
+    CHECK(has(refuse(manifest, sealed(std::move(v))), "data is missing"));
+  }
+  // One changed digit of a field that no other check covers: only the manifest's own
+  // checksum sees it.
+  SUBCASE("a changed digit in step, world_size or the metadata") {
+    for (const auto& [field, before, after] :
+         {std::array<std::string, 3>{"step", "\"step\": 10", "\"step\": 19"},
+          std::array<std::string, 3>{"world_size", "\"world_size\": ", "\"world_size\": 9"},
+          std::array<std::string, 3>{"metadata", "\"scale\": 1024.5", "\"scale\": 1034.5"}}) {
+      CAPTURE(field);
+      REQUIRE(has(manifest_text, before));
+      std::string bad = manifest_text;
+      bad.replace(bad.find(before), before.size(), after);
+      const std::string what = refuse(manifest, bad);
+      CHECK(has(what, "manifest.json: manifest_checksum is xxh64:"));
+      CHECK(has(what, "the manifest was changed or is corrupt"));
+    }
+  }
+  SUBCASE("a manifest without its checksum") {
+    json::value v = json::parse(manifest_text);
+    v.as_object().pop_back();
+    CHECK(has(refuse(manifest, json::dump(v, 1)), "manifest_checksum is missing"));
   }
   SUBCASE("no manifest") {
     barrier();
@@ -713,6 +759,174 @@ TEST_CASE("saving a newer step replaces the older checkpoint atomically") {
   auto back = sentinel<tensor<double, one_mesh, "ab">>(alone, w_ext);
   io::load_checkpoint(dir.path(), alone, std::vector{io::record("w", back)});
   CHECK(wrong_bits(back, 103) == 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Atomic saves: the same step again, I/O errors on one rank (tests/io/checkpoint_fault.cpp
+// goes through every file operation of a save, with crashes as well).
+
+// The files a checkpoint consists of: its manifest and the shard files it names.
+std::set<std::string> files_of_checkpoint(const fs::path& dir) {
+  std::set<std::string> out{"manifest.json"};
+  const json::value manifest = json::parse(read_bytes(dir / "manifest.json"));
+  for (const auto& f : manifest["files"].as_array()) out.insert(f["file"].as_string());
+  return out;
+}
+std::set<std::string> files_in(const fs::path& dir) {
+  const auto names = file_names(dir);
+  return {names.begin(), names.end()};
+}
+io::checkpoint_info labelled(std::int64_t step, std::string_view which) {
+  io::checkpoint_info info = at_step(step);
+  info.metadata["which"] = which;
+  return info;
+}
+std::string which_checkpoint(const fs::path& dir) {
+  return io::read_checkpoint_info(dir).metadata["which"].as_string();
+}
+
+using w_split_a = tensor<double, world_mesh, "ab", layout<split<'a', "dp">>>;
+
+// Makes the (skip + 1)-th operation `op` on rank `rank` whose file name contains `part`
+// fail with EIO, while it is alive.
+struct injected_eio {
+  static inline int rank = -1, skip = 0, hits = 0;
+  static inline zest::detail::file_op op{};
+  static inline std::string part;
+  static int hook(zest::detail::file_op o, const fs::path& path) {
+    if (world().rank != rank || o != op || !has(path.filename().string(), part)) return 0;
+    if (skip-- > 0) return 0;
+    ++hits;
+    return EIO;
+  }
+  injected_eio(int r, zest::detail::file_op o, std::string p, int s = 0) {
+    rank = r;
+    op = o;
+    part = std::move(p);
+    skip = s;
+    hits = 0;
+    zest::detail::file_fault() = &hook;
+  }
+  injected_eio(const injected_eio&) = delete;
+  injected_eio& operator=(const injected_eio&) = delete;
+  ~injected_eio() { zest::detail::file_fault() = nullptr; }
+};
+
+TEST_CASE("re-saving the same step replaces the checkpoint; only the new files remain") {
+  world_mesh m(MPI_COMM_WORLD, {-1});
+  one_mesh alone;
+  shared_dir dir("same-step");
+  {
+    saved_model<world_mesh> model(m);
+    io::save_checkpoint(dir.path(), m, model.records(), labelled(10, "first"));
+  }
+  barrier();
+  const std::set<std::string> first = files_of_checkpoint(dir.path());
+  CHECK(files_in(dir.path()) == first);
+  barrier();
+
+  auto w = make<w_split_a>(m, w_ext, 103);
+  io::save_checkpoint(dir.path(), m, std::vector{io::record("w", w)}, labelled(10, "second"));
+  barrier();
+  const std::set<std::string> second = files_of_checkpoint(dir.path());
+  CHECK(files_in(dir.path()) == second);
+  for (const auto& name : second) {
+    CAPTURE(name);
+    CHECK((name == "manifest.json" || !first.contains(name)));  // a new generation's names
+  }
+  CHECK(which_checkpoint(dir.path()) == "second");
+  auto back = sentinel<tensor<double, one_mesh, "ab">>(alone, w_ext);
+  io::load_checkpoint(dir.path(), alone, std::vector{io::record("w", back)});
+  CHECK(wrong_bits(back, 103) == 0);
+}
+
+TEST_CASE("an I/O error on one rank: every rank throws, never a broken checkpoint") {
+  using zest::detail::file_op;
+  world_mesh m(MPI_COMM_WORLD, {-1});
+  one_mesh alone;
+  shared_dir dir("eio");
+  const int last = world().size - 1;
+  {
+    saved_model<world_mesh> model(m);
+    io::save_checkpoint(dir.path(), m, model.records(), labelled(10, "old"));
+  }
+  barrier();
+  const std::set<std::string> old_files = files_of_checkpoint(dir.path());
+  barrier();
+  auto w = make<w_split_a>(m, w_ext, 103);
+  const std::vector<io::tensor_record> new_records{io::record("w", w)};
+  auto failed_save = [&](int rank, file_op op, const std::string& part, int skip) {
+    injected_eio fault(rank, op, part, skip);
+    const std::string what = thrown<checkpoint_error>(
+        [&] { io::save_checkpoint(dir.path(), m, new_records, labelled(10, "new")); });
+    CHECK(injected_eio::hits == (world().rank == rank ? 1 : 0));
+    CHECK(has(what, "zest: save_checkpoint: "));
+    CHECK(has(what, "Input/output error"));
+    if (world().size > 1) CHECK(has(what, zest::detail::message("[on rank ", rank, "]")));
+    barrier();
+  };
+  auto old_loads = [&] {
+    CHECK(which_checkpoint(dir.path()) == "old");
+    other_layouts<world_mesh> into(m);
+    io::load_checkpoint(dir.path(), m, into.records());
+    CHECK(into.wrong() == 0);
+  };
+  auto new_loads = [&] {
+    CHECK(which_checkpoint(dir.path()) == "new");
+    auto back = sentinel<tensor<double, one_mesh, "ab">>(alone, w_ext);
+    io::load_checkpoint(dir.path(), alone, std::vector{io::record("w", back)});
+    CHECK(wrong_bits(back, 103) == 0);
+  };
+
+  SUBCASE("the last rank's shard cannot be renamed: its file and the others' are removed") {
+    failed_save(last, file_op::rename, ".rank-", 0);
+    CHECK(files_in(dir.path()) == old_files);
+    old_loads();
+  }
+  SUBCASE("rank 0's manifest cannot be flushed: the old checkpoint stays") {
+    failed_save(0, file_op::fsync, "manifest.json", 0);
+    old_loads();
+  }
+  SUBCASE("rank 0's folder flush after the manifest's rename: the new one is in place") {
+    // Rank 0 flushes the folder twice: after its shard's rename, after the manifest's.
+    failed_save(0, file_op::fsync_folder, "", 1);
+    new_loads();
+  }
+  // Whatever the failure left, the next save leaves exactly its own files.
+  barrier();
+  io::save_checkpoint(dir.path(), m, new_records, labelled(11, "new"));
+  barrier();
+  CHECK(files_in(dir.path()) == files_of_checkpoint(dir.path()));
+  new_loads();
+}
+
+TEST_CASE("load_checkpoint's accept refuses from the manifest, before anything is read") {
+  world_mesh m(MPI_COMM_WORLD, {-1});
+  shared_dir dir("accept");
+  {
+    saved_model<world_mesh> model(m);
+    io::save_checkpoint(dir.path(), m, model.records(), labelled(10, "a"));
+  }
+  other_layouts<world_mesh> into(m);
+  auto want = [](std::string which, int on_rank) {
+    return [which, on_rank](const io::checkpoint_info& info) {
+      if ((on_rank < 0 || world().rank == on_rank) && info.metadata["which"].as_string() != which)
+        throw checkpoint_error(zest::detail::message("zest: test: checkpoint ",
+                                                     info.metadata["which"].as_string(),
+                                                     ", wanted ", which, " at step ", info.step));
+    };
+  };
+  CHECK(has(thrown<checkpoint_error>(
+                [&] { io::load_checkpoint(dir.path(), m, into.records(), want("b", -1)); }),
+            "checkpoint a, wanted b at step 10"));
+  CHECK(into.untouched_all());
+  // One rank refuses: every rank throws.
+  const std::string what = thrown<checkpoint_error>(
+      [&] { io::load_checkpoint(dir.path(), m, into.records(), want("b", world().size - 1)); });
+  CHECK(has(what, "wanted b"));
+  CHECK(into.untouched_all());
+  io::load_checkpoint(dir.path(), m, into.records(), want("a", -1));
+  CHECK(into.wrong() == 0);
 }
 
 }  // namespace

@@ -12,33 +12,47 @@
 //
 // A checkpoint is a folder:
 //
-//   manifest.json                 written last, by rank 0: what is where (below)
-//   step-00000100.rank-0000.bin   one shard file per rank that holds data: its blocks
-//   step-00000100.rank-0001.bin   back to back, raw elements in the host's byte order
+//   manifest.json                                  written last, by rank 0: what is where
+//   step-00000100.gen-3f9a0c2d5e4b1a07.rank-0000.bin   one shard file per rank that holds
+//   step-00000100.gen-3f9a0c2d5e4b1a07.rank-0001.bin   data: its blocks back to back, raw
+//                                                  elements in the host's byte order
 //
 // Every rank writes the block it holds of each tensor, except that of the ranks holding
 // the same block (replicas along the axes where the layout is replicate) only coordinate
 // 0 writes it. The manifest lists, per tensor, its dims, dtype, global extents and the
 // layout it was saved with (for information), and its blocks as boxes in global index
 // space: { file, offset in the file, box_offsets, box_extents, bytes, checksum (XXH64,
-// zest/io/checksum.hpp) }, plus each shard file's size. Loading does not care about the
-// saving mesh or layout: each rank reads the parts of the saved boxes that overlap its own
-// block, whatever layout and mesh it loads with.
+// zest/io/checksum.hpp) }, plus each shard file's size, and last "manifest_checksum": the
+// XXH64 of the manifest's canonical text (compact json::dump of everything else), so that
+// a changed digit anywhere (step, world_size, a scale in the metadata) is refused. Loading
+// does not care about the saving mesh or layout: each rank reads the parts of the saved
+// boxes that overlap its own block, whatever layout and mesh it loads with.
 //
-// Safety:
-// - every file is written to a temporary name, flushed (fsync) and renamed, and the folder
-//   flushed; the manifest goes last, so a crash leaves either the old checkpoint or the
-//   new one. Shard names carry the step: a new save does not touch the files an older
-//   manifest names until the new manifest has replaced it (re-saving the same step
-//   rewrites its files before the manifest; the checksums catch a mix). After the manifest,
-//   rank 0 removes the shard and temporary files no manifest names any more;
-// - loading checks the manifest against the model (names, dims, dtypes, extents), the size
-//   of every shard file it reads (truncation) and the checksum of every block it reads
-//   (the whole block), into temporary buffers; the ranks agree before any target tensor
-//   is written, so a failure anywhere leaves every target as it was;
+// Safety: every save is atomic, the same step again included, whatever fails on any rank
+// at any point (a crash, an I/O error, a full disk): afterwards the folder holds the old
+// checkpoint or the new one, never neither and never a mix.
+// - Each save is a new generation: rank 0 draws a random 64-bit id that every rank puts in
+//   its shard's name, so a save never writes a file that an earlier manifest names;
+// - every file is written to a temporary name, flushed (fsync), renamed and its folder
+//   flushed (zest/core/files.hpp). Rank 0 writes the manifest only after every rank has
+//   reported its shard durable, and the manifest's rename is the one commit point: before
+//   it the old manifest names the old files, which are intact; after it the new one names
+//   the new files, which are on disk;
+// - only after the commit, agreed by every rank, does rank 0 remove what the new manifest
+//   does not name: the older generations, and the leftovers of saves that failed;
+// - a failure on any rank is thrown on every rank (checkpoint_error with the failing
+//   rank's message, or shape_error for a misuse), never a hang. A failure after the rename
+//   (the folder's flush) throws although the new checkpoint is in place;
+// - loading checks the manifest's own checksum, the manifest against the model (names,
+//   dims, dtypes, extents), the size of every shard file it reads (truncation) and the
+//   checksum of every block it reads (the whole block), into temporary buffers; the ranks
+//   agree before any target tensor is written, so a failure anywhere leaves every target
+//   as it was. load_checkpoint's `accept` lets the caller refuse the checkpoint from its
+//   manifest (a metadata check), before any data is read;
 // - save and load are collective over mesh.world(). Every rank takes part in every
-//   collective whatever happened locally; a failure on one rank is thrown on all of them
-//   (checkpoint_error, or shape_error for a misuse), with the failing rank's message.
+//   collective whatever happened locally.
+// One save at a time per folder: two jobs saving into the same folder at once are not
+// supported (each would remove the other's files).
 //
 // The folder must be visible to every rank (a shared file system across nodes). Records
 // are views: the tensors must outlive the call and keep their storage. A tensor of another
@@ -54,6 +68,7 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -62,6 +77,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <span>
 #include <string>
@@ -112,7 +128,8 @@ struct checkpoint_info {
 
 inline constexpr std::string_view manifest_file_name = "manifest.json";
 inline constexpr std::string_view checkpoint_format_name = "zest checkpoint";
-inline constexpr std::int64_t checkpoint_format_version = 1;
+// Version 2: generations in shard names, the manifest's own checksum.
+inline constexpr std::int64_t checkpoint_format_version = 2;
 
 namespace detail {
 
@@ -227,25 +244,31 @@ inline std::size_t element_size(dtype t) {
   return 0;
 }
 
-inline std::string shard_file_name(std::int64_t step, int rank) {
-  std::array<char, 64> buf{};
-  std::snprintf(buf.data(), buf.size(), "step-%08lld.rank-%04d.bin", static_cast<long long>(step),
-                rank);
+// "step-00000100.gen-3f9a0c2d5e4b1a07.rank-0001.bin": the step for people, the save's
+// generation (a random id drawn by rank 0) so that no two saves share a file name.
+inline std::string shard_file_name(std::int64_t step, std::uint64_t generation, int rank) {
+  std::array<char, 96> buf{};
+  std::snprintf(buf.data(), buf.size(), "step-%08lld.gen-%016llx.rank-%04d.bin",
+                static_cast<long long>(step), static_cast<unsigned long long>(generation), rank);
   return buf.data();
 }
 
-// "step-<digits>.rank-<digits>.bin": the names save_checkpoint gives shard files.
+// The names save_checkpoint gives shard files: "step-<digits>.gen-<hex>.rank-<digits>.bin",
+// and "step-<digits>.rank-<digits>.bin" of format version 1 (removed as stale).
 inline bool is_shard_file_name(std::string_view name) {
-  auto digits = [&](std::string_view prefix) {
+  auto run = [&](std::string_view prefix, std::string_view allowed) {
     if (name.substr(0, prefix.size()) != prefix) return false;
     name.remove_prefix(prefix.size());
     std::size_t n = 0;
-    while (n < name.size() && name[n] >= '0' && name[n] <= '9') ++n;
+    while (n < name.size() && allowed.find(name[n]) != std::string_view::npos) ++n;
     if (n == 0) return false;
     name.remove_prefix(n);
     return true;
   };
-  return digits("step-") && digits(".rank-") && name == ".bin";
+  constexpr std::string_view digits = "0123456789", hex = "0123456789abcdef";
+  if (!run("step-", digits)) return false;
+  if (name.substr(0, 5) == ".gen-" && !run(".gen-", hex)) return false;
+  return run(".rank-", digits) && name == ".bin";
 }
 
 // A file name the manifest may use: no folders, nothing hidden, printable ASCII.
@@ -299,6 +322,11 @@ outcome attempt(std::string_view op, F&& f) {
     return {};
   } catch (const shape_error& e) {
     return wrap(failure::shape, e.what());
+  } catch (const std::filesystem::filesystem_error& e) {
+    // zest/core/files.hpp's errors read "zest: <op>: ..." after the library's prefix.
+    std::string what = e.what();
+    if (const std::size_t at = what.find("zest: "); at != std::string::npos) what.erase(0, at);
+    return wrap(failure::checkpoint, std::move(what));
   } catch (const std::exception& e) {
     return wrap(failure::checkpoint, e.what());
   } catch (...) {
@@ -448,65 +476,6 @@ inline void check_records(std::string_view op, std::span<const tensor_record> te
 // -----------------------------------------------------------------------------------------
 // Files.
 
-// Writes a file atomically: a temporary name next to it, then fsync, rename, fsync of the
-// folder. Destroyed before commit(), it removes the temporary file.
-class atomic_binary_file {
- public:
-  atomic_binary_file(std::filesystem::path target, std::string_view op)
-      : target_(std::move(target)), op_(op) {
-    temp_ = target_.parent_path() /
-            zest::detail::message(".", target_.filename().string(), ".tmp.", ::getpid());
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd_ < 0) throw_io(op_, "cannot create", temp_, errno);
-  }
-  atomic_binary_file(const atomic_binary_file&) = delete;
-  atomic_binary_file& operator=(const atomic_binary_file&) = delete;
-  ~atomic_binary_file() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) {
-      std::error_code ignored;
-      std::filesystem::remove(temp_, ignored);
-    }
-  }
-
-  void write(std::span<const std::byte> data) {
-    while (!data.empty()) {
-      const std::size_t piece = std::min<std::size_t>(data.size(), std::size_t{1} << 30U);
-      const ssize_t n = ::write(fd_, data.data(), piece);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw_io(op_, "cannot write", temp_, errno);
-      }
-      data = data.subspan(static_cast<std::size_t>(n));
-    }
-  }
-
-  void commit() {
-    if (::fsync(fd_) != 0) throw_io(op_, "cannot flush (fsync)", temp_, errno);
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    if (rc != 0) throw_io(op_, "cannot close", temp_, errno);
-    if (::rename(temp_.c_str(), target_.c_str()) != 0) {
-      throw_io(op_, "cannot rename the temporary file to", target_, errno);
-    }
-    committed_ = true;
-    // Makes the rename durable; some file systems cannot flush a folder, which is fine.
-    const std::filesystem::path folder =
-        target_.has_parent_path() ? target_.parent_path() : std::filesystem::path(".");
-    const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-      (void)::fsync(dir);
-      ::close(dir);
-    }
-  }
-
- private:
-  std::filesystem::path target_, temp_;
-  std::string_view op_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
 // A file open for reading at offsets.
 class input_file {
  public:
@@ -588,6 +557,20 @@ inline json::value extents_json(std::span<const std::size_t> e) {
   return v;
 }
 
+inline constexpr std::string_view manifest_checksum_key = "manifest_checksum";
+
+// A manifest's own checksum: XXH64 of the compact json::dump of its members other than
+// "manifest_checksum", in their order. Parsing and dumping again gives the same text (dump
+// writes the shortest double that parses back), so the loader recomputes it from the values.
+inline std::uint64_t manifest_checksum(const json::value& root) {
+  json::object content;
+  for (const auto& [key, v] : root.as_object()) {
+    if (key != manifest_checksum_key) content.emplace_back(key, v);
+  }
+  const std::string text = json::dump(json::value(std::move(content)));
+  return xxh64(std::as_bytes(std::span(text.data(), text.size())));
+}
+
 // Reads a manifest's JSON into a manifest, checking everything a loader relies on.
 // `where` names the file in messages.
 class manifest_reader {
@@ -610,11 +593,27 @@ class manifest_reader {
       fail("format",
            zest::detail::message("is \"", format, "\", expected \"", checkpoint_format_name, "\""));
     }
+    // The checksum first (a changed "version" is corruption, not a newer format), then the
+    // version (a version-1 manifest has no checksum: say which version it is).
+    const json::value* sealed = root.find(manifest_checksum_key);
+    if (sealed != nullptr) {
+      std::uint64_t want = 0;
+      if (!sealed->is_string() || !parse_checksum(sealed->as_string(), want)) {
+        fail(std::string(manifest_checksum_key), "is not \"xxh64:\" and 16 hex digits");
+      }
+      if (const std::uint64_t got = manifest_checksum(root); got != want) {
+        fail(std::string(manifest_checksum_key),
+             zest::detail::message("is ", format_checksum(want), ", the manifest's content gives ",
+                                   format_checksum(got),
+                                   ": the manifest was changed or is corrupt"));
+      }
+    }
     const std::int64_t version = int_at(root, "version", "");
     if (version != checkpoint_format_version) {
       fail("version", zest::detail::message("is ", version, "; this build reads version ",
                                             checkpoint_format_version));
     }
+    if (sealed == nullptr) fail(std::string(manifest_checksum_key), "is missing");
     const std::string order = string_at(root, "byte_order", "");
     if (order != native_byte_order()) {
       fail("byte_order", zest::detail::message("is \"", order, "\", this host is ",
@@ -1005,12 +1004,60 @@ inline std::vector<read_task> plan_reads(std::string_view op,
   return tasks;
 }
 
+// A random id for a save, drawn by rank 0: the generation in its shard names. 64 random
+// bits (the device's entropy, the clock and the process id, mixed): two saves into one
+// folder never share one in practice.
+inline std::uint64_t new_generation() {
+  std::uint64_t x =
+      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  x ^= static_cast<std::uint64_t>(::getpid()) << 32U;
+  try {
+    std::random_device device;
+    x ^= (static_cast<std::uint64_t>(device()) << 32U) ^ device();
+  } catch (const std::exception&) {
+    // No entropy device: the clock and the process id alone.
+  }
+  auto mix = [](std::uint64_t z) {  // splitmix64's finalizer
+    z = (z ^ (z >> 30U)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27U)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31U);
+  };
+  return mix(x + 0x9e3779b97f4a7c15ULL);
+}
+
+inline std::string generation_text(std::uint64_t generation) {
+  std::array<char, 24> buf{};
+  std::snprintf(buf.data(), buf.size(), "%016llx", static_cast<unsigned long long>(generation));
+  return buf.data();
+}
+
+// After a commit: removes the shard files `named` does not hold (older generations,
+// leftovers of failed saves) and the temporary files of shards and manifests. Best effort:
+// what cannot be removed is garbage, never part of the checkpoint.
+inline void remove_stale_files(const std::filesystem::path& dir,
+                               const std::set<std::string>& named) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::size_t temp_at = name.find(".tmp.");
+    const bool stale_shard = is_shard_file_name(name) && !named.contains(name);
+    const bool stale_temp = name.size() > 1 && name.front() == '.' &&
+                            temp_at != std::string::npos &&
+                            (is_shard_file_name(name.substr(1, temp_at - 1)) ||
+                             name.substr(1, temp_at - 1) == manifest_file_name);
+    if (stale_shard || stale_temp) stale.push_back(it->path());
+  }
+  for (const auto& p : stale) (void)zest::detail::remove_file(p);
+}
+
 }  // namespace detail
 
 // Collective over mesh.world(): saves the tensors as the checkpoint of `info.step` in `dir`
-// (created if missing). info.mesh and info.world_size are ignored: they come from `mesh`.
-// Throws shape_error for bad records (a repeated name, ranks passing different lists) and
-// checkpoint_error for I/O failures, on every rank.
+// (created if missing), atomically (see the top of this header). info.mesh and
+// info.world_size are ignored: they come from `mesh`. Throws shape_error for bad records (a
+// repeated name, ranks passing different lists) and checkpoint_error for I/O failures, on
+// every rank.
 template <class Mesh>
 void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
                      std::span<const tensor_record> tensors, const checkpoint_info& info) {
@@ -1020,7 +1067,9 @@ void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
   const int rank = world.rank();
   const auto n = static_cast<std::size_t>(world.size());
 
-  // 1. The records are sound and the same on every rank; rank 0 makes the folder.
+  // 1. The records are sound and the same on every rank; rank 0 makes the folder and draws
+  // this save's generation, which every rank gets.
+  std::array<std::int64_t, 1> generation_word{0};
   d::agree(world, d::attempt(op, [&] {
              if (info.step < 0) {
                throw shape_error(
@@ -1028,42 +1077,60 @@ void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
              }
              d::check_records(op, tensors, false);
              if (rank == 0) {
-               std::error_code ec;
-               std::filesystem::create_directories(dir, ec);
-               if (ec) d::throw_io(op, "cannot create the folder", dir, ec.value());
+               if (const int err = zest::detail::create_folders(dir)) {
+                 d::throw_io(op, "cannot create the folder", dir, err);
+               }
+               generation_word[0] = std::bit_cast<std::int64_t>(d::new_generation());
              }
            }));
   d::agree_on_list(world, op, tensors);
+  world.template broadcast<std::int64_t>(std::span<std::int64_t>(generation_word), 0);
+  const auto generation = std::bit_cast<std::uint64_t>(generation_word[0]);
 
-  // 2. This rank's shard file: its blocks back to back, each checksummed as it is written.
+  // 2. This rank's shard file, a name no manifest uses: its blocks back to back, each
+  // checksummed as it is written, durable before this rank reports success.
   struct written {
     std::size_t tensor;
     std::uint64_t offset, bytes, checksum;
   };
   std::vector<written> blocks;
-  const std::string file = d::shard_file_name(info.step, rank);
-  d::agree(world, d::attempt(op, [&] {
-             std::uint64_t offset = 0;
-             for (std::size_t i = 0; i < tensors.size(); ++i) {
-               if (!tensors[i].writes || tensors[i].bytes.empty()) continue;
-               blocks.push_back({i, offset, tensors[i].bytes.size(), 0});
-               offset += tensors[i].bytes.size();
-             }
-             if (blocks.empty()) return;
-             d::atomic_binary_file out(dir / file, op);
-             for (auto& b : blocks) {
-               const std::span<const std::byte> data = tensors[b.tensor].bytes;
-               xxh64_state hash;
-               for (std::size_t at = 0; at < data.size(); at += d::write_chunk_bytes) {
-                 const auto piece =
-                     data.subspan(at, std::min(d::write_chunk_bytes, data.size() - at));
-                 hash.update(piece);
-                 out.write(piece);
-               }
-               b.checksum = hash.digest();
-             }
-             out.commit();
-           }));
+  const std::filesystem::path shard = dir / d::shard_file_name(info.step, generation, rank);
+  bool shard_in_place = false;
+  const d::outcome wrote = d::attempt(op, [&] {
+    std::uint64_t offset = 0;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i].writes || tensors[i].bytes.empty()) continue;
+      blocks.push_back({i, offset, tensors[i].bytes.size(), 0});
+      offset += tensors[i].bytes.size();
+    }
+    if (blocks.empty()) return;
+    atomic_file_writer out(shard, op);
+    for (auto& b : blocks) {
+      const std::span<const std::byte> data = tensors[b.tensor].bytes;
+      xxh64_state hash;
+      for (std::size_t at = 0; at < data.size(); at += d::write_chunk_bytes) {
+        const auto piece = data.subspan(at, std::min(d::write_chunk_bytes, data.size() - at));
+        hash.update(piece);
+        out.write(piece);
+      }
+      b.checksum = hash.digest();
+    }
+    try {
+      out.commit();
+    } catch (...) {
+      shard_in_place = out.renamed();
+      throw;
+    }
+    shard_in_place = true;
+  });
+  try {
+    d::agree(world, wrote);
+  } catch (...) {
+    // No manifest names this generation: its shards are garbage already (best effort; a
+    // later save removes what is left).
+    if (shard_in_place) (void)zest::detail::remove_file(shard);
+    throw;
+  }
 
   // 3. Everyone's block list to everyone (rank 0 writes the manifest): per block the
   // tensor's index, file offset, bytes, checksum, then box offsets and extents.
@@ -1089,13 +1156,15 @@ void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
                                           std::span<std::int64_t>(all),
                                           std::span<const std::size_t>(counts));
 
-  // 4. Rank 0 writes the manifest, then removes files no manifest names any more.
+  // 4. Every shard is durable: rank 0 commits, by renaming the new manifest over the old.
+  std::set<std::string> named;
   d::agree(world, d::attempt(op, [&] {
              if (rank != 0) return;
              json::value m;
              m["format"] = checkpoint_format_name;
              m["version"] = checkpoint_format_version;
              m["step"] = info.step;
+             m["generation"] = d::generation_text(generation);
              m["mesh"] = mesh.describe();
              m["world_size"] = static_cast<std::int64_t>(n);
              m["byte_order"] = d::native_byte_order();
@@ -1114,11 +1183,11 @@ void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
                v["blocks"] = json::array{};
              }
              json::value files = json::array{};
-             std::set<std::string> named;
              std::size_t at = 0;
              for (std::size_t r = 0; r < n; ++r) {
                const std::size_t end = at + counts[r];
-               const std::string name = d::shard_file_name(info.step, static_cast<int>(r));
+               const std::string name =
+                   d::shard_file_name(info.step, generation, static_cast<int>(r));
                std::int64_t file_bytes = 0;
                while (at < end) {
                  const auto i = static_cast<std::size_t>(all[at]);
@@ -1148,28 +1217,14 @@ void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
              }
              m["files"] = std::move(files);
              m["tensors"] = json::value(std::move(per_tensor));
-             try {
-               write_text_file_atomically(dir / manifest_file_name, json::dump(m, 1) + "\n");
-             } catch (const std::exception& e) {
-               throw checkpoint_error(zest::detail::message("zest: ", op, ": ", e.what()));
-             }
-             // Best effort: what is left is garbage, never part of the new checkpoint.
-             std::error_code ec;
-             for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
-                  it.increment(ec)) {
-               const std::string name = it->path().filename().string();
-               const bool stale_shard = d::is_shard_file_name(name) && !named.contains(name);
-               const bool stale_temp =
-                   name.size() > 1 && name.front() == '.' &&
-                   name.find(".tmp.") != std::string::npos &&
-                   (d::is_shard_file_name(name.substr(1, name.find(".tmp.") - 1)) ||
-                    name.substr(1, name.find(".tmp.") - 1) == manifest_file_name);
-               if (stale_shard || stale_temp) {
-                 std::error_code ignored;
-                 std::filesystem::remove(it->path(), ignored);
-               }
-             }
+             m[std::string(d::manifest_checksum_key)] = format_checksum(d::manifest_checksum(m));
+             atomic_file_writer out(dir / manifest_file_name, op);
+             out.write(json::dump(m, 1) + "\n");
+             out.commit();
            }));
+
+  // 5. Committed on every rank's word: what the new manifest does not name goes.
+  if (rank == 0) d::remove_stale_files(dir, named);
 }
 
 // The step, metadata and saving mesh of the checkpoint in `dir` (reads the manifest only;
@@ -1184,12 +1239,15 @@ inline checkpoint_info read_checkpoint_info(const std::filesystem::path& dir) {
 
 // Collective over mesh.world(): fills the targets from the checkpoint in `dir`, whatever
 // mesh and layouts it was saved with. The checkpoint must hold exactly the targets' names,
-// with the same dims, dtypes and global extents. On any failure, on any rank, every rank
+// with the same dims, dtypes and global extents. `accept`, when given, sees the manifest's
+// step, metadata and mesh on every rank before any data is read, and refuses the checkpoint
+// by throwing (checkpoint_error, or shape_error). On any failure, on any rank, every rank
 // throws (checkpoint_error; shape_error for bad records) and no target is modified.
 // Returns the checkpoint's step, metadata and saving mesh.
 template <class Mesh>
 checkpoint_info load_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
-                                std::span<const tensor_record> tensors) {
+                                std::span<const tensor_record> tensors,
+                                const std::function<void(const checkpoint_info&)>& accept = {}) {
   namespace d = detail;
   constexpr std::string_view op = "load_checkpoint";
   auto& world = mesh.world();
@@ -1217,6 +1275,7 @@ checkpoint_info load_checkpoint(const std::filesystem::path& dir, const Mesh& me
         m = d::manifest_reader(std::string(op), (dir / manifest_file_name).string()).read(text);
         sources = d::match_targets(op, dir, m, tensors);
         tasks = d::plan_reads(op, tensors, sources);
+        if (accept) accept(m.info);
       }));
 
   // 3. Read, verify and stage this rank's parts, file by file in file order.
