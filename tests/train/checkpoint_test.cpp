@@ -1,7 +1,8 @@
 // Checkpoints of a training run: train 10 steps on 2 ranks (ZeRO-1), save; load on all
 // ranks of the job under ZeRO-3 and, separately, on one rank under stage 0, train 10 more:
-// the losses equal an uninterrupted 20-step run. A truncated shard or a corrupted byte is
-// refused on every rank and leaves the model as it was.
+// the losses equal an uninterrupted 20-step run. A truncated shard, a corrupted byte or a
+// changed digit in the manifest is refused on every rank and leaves the model as it was; so
+// is a checkpoint of another corpus (unless allowed).
 #include <doctest/doctest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -9,10 +10,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 
 #include "train/training_fixture.hpp"
 #include "zest/core/error.hpp"
+#include "zest/core/files.hpp"
+#include "zest/data/text_dataset.hpp"
+#include "zest/io/checksum.hpp"
 #include "zest/train/checkpoint.hpp"
 
 namespace {
@@ -132,10 +137,98 @@ TEST_CASE("a damaged checkpoint is refused and nothing is loaded") {
       std::filesystem::resize_file(p, std::filesystem::file_size(p) / 2);
     }
   }
+  // One changed digit in the manifest's metadata or header: caught by its own checksum.
+  const auto manifest = dir / "ckpt" / "manifest.json";
+  auto change = [&](const std::string& before, const std::string& after) {
+    if (rank != 0) return;
+    std::string text = read_text_file(manifest);
+    const auto at = text.find(before);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, before.size(), after);
+    write_text_file_atomically(manifest, text);
+  };
+  SUBCASE("a changed digit in optimizer_steps") {
+    change("\"optimizer_steps\": 2", "\"optimizer_steps\": 7");
+  }
+  SUBCASE("a changed digit in loss_scaler.scale") {
+    change("\"scale\": 65536.0", "\"scale\": 65586.0");
+  }
+  SUBCASE("a changed digit in step") { change("\"step\": 2", "\"step\": 3"); }
+  SUBCASE("a changed digit in world_size") { change("\"world_size\": ", "\"world_size\": 1"); }
   MPI_Barrier(MPI_COMM_WORLD);
   CHECK_THROWS_AS(load_training_state(dir / "ckpt", engine), checkpoint_error);
   CHECK(parameter_values(engine) == before);
   CHECK(engine.steps_taken() == 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// The case: vocabularies of 86 and 76 bytes, both padded to 96, so the tensors fit.
+TEST_CASE("a checkpoint of another corpus is refused, naming both identities") {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const auto dir = shared_temp_dir("corpus");
+  const text_dataset& trained_on = corpus();
+  REQUIRE(trained_on.vocab_size() == 86);
+  const std::string fewer = trained_on.vocabulary().substr(10);  // 76 distinct bytes
+  const text_dataset other = text_dataset::from_text(fewer + fewer, "other");
+  REQUIRE(other.vocab_size() == 76);
+
+  // The identity is the byte-to-id mapping: the same bytes in another text give the same.
+  const std::string reversed(fewer.rbegin(), fewer.rend());
+  CHECK(text_dataset::from_text(reversed, "reversed").identity() == other.identity());
+  CHECK(other.identity() != trained_on.identity());
+  CHECK(other.identity() == io::format_checksum(io::xxh64(std::as_bytes(std::span(fewer)))));
+  CHECK(trained_on.identity().rfind("xxh64:", 0) == 0);
+  CHECK(trained_on.identity().size() == 6 + 16);
+
+  const auto mesh = make_world_mesh();
+  {
+    zero_engine<loading_policy> engine(mesh, {.seed = 1});
+    gpt<loading_policy> model(engine, small_gpt());
+    (void)train_steps(engine, model, 0, 2);
+    save_training_state(dir / "ckpt", engine, 2, {}, trained_on.identity());
+    save_training_state(dir / "unmarked", engine, 2);  // no corpus recorded
+  }
+  zero_engine<loading_policy> engine(mesh, {.seed = 2});
+  gpt<loading_policy> model(engine, small_gpt());
+  const auto before = parameter_values(engine);
+
+  resume_options other_corpus;
+  other_corpus.corpus = other.identity();
+  std::string what;
+  try {
+    (void)load_training_state(dir / "ckpt", engine, other_corpus);
+  } catch (const checkpoint_error& e) {
+    what = e.what();
+  }
+  CHECK(what.find("trained on corpus " + trained_on.identity()) != std::string::npos);
+  CHECK(what.find("this run's corpus is " + other.identity()) != std::string::npos);
+  CHECK(what.find("allow_other_corpus") != std::string::npos);
+  CHECK(parameter_values(engine) == before);
+  CHECK(engine.steps_taken() == 0);
+
+  resume_options same;
+  same.corpus = trained_on.identity();
+  try {
+    (void)load_training_state(dir / "unmarked", engine, same);
+    FAIL("a checkpoint without a corpus identity loaded though this run asks for one");
+  } catch (const checkpoint_error& e) {
+    CHECK(std::string(e.what()).find("metadata \"corpus\" is missing") != std::string::npos);
+  }
+  CHECK(parameter_values(engine) == before);
+
+  CHECK(load_training_state(dir / "ckpt", engine, same).step == 2);
+  CHECK(engine.steps_taken() == 2);
+  const auto loaded = parameter_values(engine);
+  CHECK(loaded != before);
+
+  // Deliberately: the other corpus, allowed.
+  zero_engine<loading_policy> again(mesh, {.seed = 3});
+  gpt<loading_policy> model_again(again, small_gpt());
+  other_corpus.allow_other_corpus = true;
+  CHECK(load_training_state(dir / "ckpt", again, other_corpus).step == 2);
+  CHECK(parameter_values(again) == loaded);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(dir);
 }

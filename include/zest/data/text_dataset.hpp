@@ -5,6 +5,7 @@
 //   data.train(), data.validation(); // token ids (int32): the first 90% and the last 10%
 //   data.unigram_entropy().nats;     // 3.197 nats = 4.612 bits per token (Debian 12)
 //   data.decode(data.encode("GNU")) == "GNU"
+//   data.identity();                 // "xxh64:...": the byte-to-id mapping, for checkpoints
 //
 // Default corpus: every regular file of /usr/share/common-licenses (present on every
 // Debian system), in sorted name order, concatenated. Symbolic links (GPL -> GPL-3, ...)
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "zest/core/error.hpp"
+#include "zest/io/checksum.hpp"
 
 namespace zest {
 
@@ -110,6 +112,12 @@ class text_dataset {
   std::size_t vocab_size() const { return vocabulary_.size(); }
   // Token id -> byte, sorted: vocabulary()[id].
   const std::string& vocabulary() const { return vocabulary_; }
+  // What the token ids mean: XXH64 of vocabulary() (the byte-to-id mapping), "xxh64:" and 16
+  // hex digits. A model trained on one corpus reads another's ids as other characters; a
+  // checkpoint records this and a resumed run compares it (zest/train/checkpoint.hpp).
+  std::string identity() const {
+    return io::format_checksum(io::xxh64(std::as_bytes(std::span(vocabulary_))));
+  }
 
   // All tokens, then the two parts: train() is the first tokens, validation() the rest.
   std::span<const std::int32_t> tokens() const { return tokens_; }

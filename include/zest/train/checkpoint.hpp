@@ -1,17 +1,24 @@
 // zest/train/checkpoint.hpp — saving and resuming a ZeRO training run.
 //
-//   zest::save_training_state("ckpt", engine, step, config);     // collective
-//   auto info = zest::load_training_state("ckpt", engine);       // collective; info.step
+//   zest::save_training_state("ckpt", engine, step, config, data.identity());  // collective
+//   auto info = zest::load_training_state("ckpt", engine, {.corpus = data.identity()});
+//   info.step;                                                          // where it stopped
 //
 // Every parameter's stored copy, fp32 master (16-bit policies) and Adam moments, sharded as
-// the engine's stage keeps them (zest/io/checkpoint.hpp writes one file per rank and a
-// manifest). Loading reshards: another number of ranks or another ZeRO stage reads the
-// same checkpoint. The metadata carries the optimizer's step count and the loss scaler.
+// the engine's stage keeps them (zest/io/checkpoint.hpp: one file per rank and a manifest,
+// saved atomically). Loading reshards: another number of ranks or another ZeRO stage reads
+// the same checkpoint. The metadata carries the optimizer's step count, the loss scaler and
+// the corpus identity (text_dataset::identity(): what the token ids mean). A load checks
+// all of it before any tensor changes: a checkpoint of another corpus is refused, naming
+// both identities, unless resume_options::allow_other_corpus says that is meant (say,
+// fine-tuning on another text, accepting that the ids change meaning).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zest/core/error.hpp"
@@ -28,13 +35,22 @@ std::vector<io::tensor_record> training_state_records(zero_engine<P>& engine) {
   return records;
 }
 
+// What a load checks beyond the tensors.
+struct resume_options {
+  // This run's corpus identity (text_dataset::identity()); empty: not checked.
+  std::string corpus;
+  // Load a checkpoint whose corpus identity differs from `corpus` (or that records none).
+  bool allow_other_corpus = false;
+};
+
 // `config` is saved as metadata["config"] (e.g. the model's options) for the caller to
-// compare on load.
+// compare on load; `corpus` (text_dataset::identity()) as metadata["corpus"].
 template <class P>
 void save_training_state(const std::filesystem::path& dir, zero_engine<P>& engine,
-                         std::int64_t step, json::value config = {}) {
+                         std::int64_t step, json::value config = {}, std::string corpus = {}) {
   json::value meta = json::object{};
   meta["config"] = std::move(config);
+  if (!corpus.empty()) meta["corpus"] = std::move(corpus);
   meta["zero_stage"] = static_cast<std::int64_t>(P::stage::stage);
   meta["precision"] = std::string(name_of(dtype_of<typename P::param_type>()));
   meta["optimizer_steps"] = engine.steps_taken();
@@ -51,20 +67,68 @@ void save_training_state(const std::filesystem::path& dir, zero_engine<P>& engin
   io::save_checkpoint(dir, engine.mesh(), std::span<const io::tensor_record>(records), info);
 }
 
+// Collective: loads what save_training_state saved, on any rank count and stage. The
+// metadata (optimizer steps, loss scaler, corpus) is checked on every rank before any data
+// is read; on any failure every rank throws checkpoint_error and nothing changes.
 template <class P>
-io::checkpoint_info load_training_state(const std::filesystem::path& dir, zero_engine<P>& engine) {
+io::checkpoint_info load_training_state(const std::filesystem::path& dir, zero_engine<P>& engine,
+                                        const resume_options& options = {}) {
+  constexpr std::string_view op = "load_training_state";
   const auto records = training_state_records(engine);
+  std::int64_t steps = engine.steps_taken();
+  auto scaler = engine.loss_scaler().state();
+  auto accept = [&](const io::checkpoint_info& info) {
+    const json::value& meta = info.metadata;
+    auto bad = [&](std::string_view field, std::string_view why) {
+      throw checkpoint_error(
+          detail::message("zest: ", op, ": ", dir, ": metadata \"", field, "\" ", why));
+    };
+    if (!options.corpus.empty() && !options.allow_other_corpus) {
+      const json::value* saved = meta.find("corpus");
+      if (saved == nullptr || !saved->is_string()) {
+        bad("corpus", detail::message("is missing: the checkpoint does not say which corpus it "
+                                      "was trained on (this run's is ",
+                                      options.corpus,
+                                      "); set resume_options::allow_other_corpus to load it"));
+      }
+      if (saved->as_string() != options.corpus) {
+        throw checkpoint_error(detail::message(
+            "zest: ", op, ": ", dir, ": the checkpoint was trained on corpus ", saved->as_string(),
+            ", this run's corpus is ", options.corpus,
+            ": their byte-to-id mappings differ, so token ids would mean other characters; "
+            "resume with the corpus it was trained on, or set "
+            "resume_options::allow_other_corpus to load it anyway"));
+      }
+    }
+    if (const json::value* n = meta.find("optimizer_steps")) {
+      if (!n->is_integer() || n->as_int() < 0) bad("optimizer_steps", "is not a count");
+      steps = n->as_int();
+    }
+    if (const json::value* s = meta.find("loss_scaler")) {
+      const json::value* scale = s->find("scale");
+      const json::value* good = s->find("good_steps");
+      const json::value* skipped = s->find("skipped_steps");
+      if (scale == nullptr || !scale->is_number() || good == nullptr || !good->is_integer() ||
+          skipped == nullptr || !skipped->is_integer()) {
+        bad("loss_scaler",
+            "needs a number \"scale\" and integers \"good_steps\", "
+            "\"skipped_steps\"");
+      }
+      scaler.scale = static_cast<float>(scale->as_number());
+      scaler.good_steps = good->as_int();
+      scaler.skipped_steps = skipped->as_int();
+      try {
+        dynamic_loss_scaler trial = engine.loss_scaler();
+        trial.restore(scaler);
+      } catch (const shape_error& e) {
+        bad("loss_scaler", detail::message("does not fit this run's scaler: ", e.what()));
+      }
+    }
+  };
   io::checkpoint_info info =
-      io::load_checkpoint(dir, engine.mesh(), std::span<const io::tensor_record>(records));
-  const json::value& meta = info.metadata;
-  if (const json::value* n = meta.find("optimizer_steps")) engine.set_steps_taken(n->as_int());
-  if (const json::value* s = meta.find("loss_scaler")) {
-    auto st = engine.loss_scaler().state();
-    st.scale = static_cast<float>((*s)["scale"].as_number());
-    st.good_steps = (*s)["good_steps"].as_int();
-    st.skipped_steps = (*s)["skipped_steps"].as_int();
-    engine.loss_scaler().restore(st);
-  }
+      io::load_checkpoint(dir, engine.mesh(), std::span<const io::tensor_record>(records), accept);
+  engine.set_steps_taken(steps);
+  engine.loss_scaler().restore(scaler);
   return info;
 }
 
