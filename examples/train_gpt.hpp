@@ -276,7 +276,8 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
 
   std::int64_t step = 0;
   if (!f.load.empty()) {
-    const auto info = zest::load_training_state(f.load, engine);
+    const auto info = zest::load_training_state(
+        f.load, engine, {.corpus = data.identity(), .allow_other_corpus = false});
     if (info.metadata["config"] != config_json(f, data.vocab_size())) {
       // Same tensors (else load_training_state refused) but another batch or seed.
       if (root)
@@ -332,7 +333,8 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   progress.finish();
 
   if (!f.save.empty()) {
-    zest::save_training_state(f.save, engine, step, config_json(f, data.vocab_size()));
+    zest::save_training_state(f.save, engine, step, config_json(f, data.vocab_size()),
+                              data.identity());
     if (root && !f.quiet) std::cout << "saved " << f.save << " at step " << step << '\n';
   }
 
