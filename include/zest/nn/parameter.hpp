@@ -484,7 +484,8 @@ class parameter final : public detail::parameter_slot<P> {
   // Registers itself with the engine's current group.
   parameter(zero_engine<P>& engine, std::string name, const extents_type& extents,
             const initializer& init, bool decay = true)
-      : mesh_(&engine.mesh()),
+      : engine_(&engine),
+        mesh_(&engine.mesh()),
         extents_(extents),
         stored_(*mesh_, extents, stored_tensor::uninitialized),
         buffer_(*mesh_, extents),
@@ -537,9 +538,10 @@ class parameter final : public detail::parameter_slot<P> {
   // The compute value during a step (after the engine gathered it): use it in einsums.
   const variable_type& value() const {
     if (!var_) {
-      throw std::logic_error(detail::message(
-          "zest parameter '", this->name_,
-          "': used outside its group's scope; enter the group with the engine first"));
+      // The engine says why: which group, and whether the layer made it too late.
+      throw std::logic_error(detail::message("zest parameter '", this->name_,
+                                             "': used outside its group's scope",
+                                             engine_->out_of_scope_reason(*this)));
     }
     return *var_;
   }
@@ -634,6 +636,7 @@ class parameter final : public detail::parameter_slot<P> {
     return var_->node()->value.local();
   }
 
+  const zero_engine<P>* engine_;
   const mesh_t* mesh_;
   extents_type extents_;
   stored_tensor stored_;

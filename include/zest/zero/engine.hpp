@@ -26,7 +26,9 @@
 //                                  updated shards (master -> stored)
 //
 // At most `max_live_groups` groups are gathered at once (the one computing and the one
-// prefetched). Loss, norms and the loss scaler's agreement go over the mesh's world
+// prefetched). A group without parameters (a layer that has none) is entered like any other
+// on every stage; it communicates nothing, never counts as gathered, and prefetches pass over
+// it to the next group that holds parameters. Loss, norms and the loss scaler's agreement go over the mesh's world
 // communicator, apart from the axis counters that the ZeRO formulas describe.
 #pragma once
 
@@ -101,6 +103,7 @@ class zero_engine {
     bool gathering = false;
     bool live = false;  // the compute values are materialised
     bool in_scope = false;
+    bool implicit = false;  // made by add() for a parameter registered outside any group
   };
   struct reduction {
     std::size_t group = 0;
@@ -155,6 +158,7 @@ class zero_engine {
     if (!open_) {
       begin_group(p.name());
       groups_.back().params.push_back(&p);
+      groups_.back().implicit = true;
       end_group();
       return;
     }
@@ -162,6 +166,46 @@ class zero_engine {
   }
 
   std::size_t group_count() const { return groups_.size(); }
+  // The group that holds parameter p (one of its own when p was made outside any group).
+  std::size_t group_of(const slot& p) const {
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      for (const slot* q : groups_[g].params) {
+        if (q == &p) return g;
+      }
+    }
+    throw std::logic_error(detail::message("zest zero_engine: parameter '", p.name(),
+                                           "' is not registered with this engine"));
+  }
+  // Why parameter p is not usable now (it is used outside its group's scope), for the
+  // parameter's error message. A parameter made before begin_group was called is a group of
+  // its own; when a group begun after it is in scope, that is the slip of a class that
+  // declares its group member after the sub-layers: members are constructed in declaration
+  // order, whatever the order of the constructor's initialiser list.
+  std::string out_of_scope_reason(const slot& p) const {
+    const std::size_t own = group_of(p);
+    if (groups_[own].implicit) {
+      // The first explicit group after p's, with only parameters' own groups in between (the
+      // slip's sub-layers): is it in scope?
+      std::size_t g = own + 1;
+      while (g < groups_.size() && groups_[g].implicit) ++g;
+      if (g < groups_.size() && groups_[g].in_scope) {
+        return detail::message(
+            "; it was made before begin_group(\"", groups_[g].name,
+            "\"), outside any group, so it is a group of its own and not in group '",
+            groups_[g].name,
+            "', which is in scope now. A class member that holds begin_group's result must be "
+            "declared before the sub-layers it groups: members are constructed in declaration "
+            "order, whatever the order of the initialiser list (-Wreorder warns where they "
+            "differ). Fix: move the group member's declaration above the sub-layers' (or call "
+            "begin_group in a base class or an earlier member)");
+      }
+      return detail::message(
+          "; it was made outside begin_group/end_group, so it is a group of "
+          "its own: enter it with engine.use(tape, engine.group_of(it))");
+    }
+    return detail::message("; enter its group '", groups_[own].name,
+                           "' with engine.use(tape, group) first");
+  }
   const std::string& group_name(std::size_t g) const { return groups_[g].name; }
   std::vector<slot*> parameters() const {
     std::vector<slot*> all;
@@ -330,7 +374,11 @@ class zero_engine {
  private:
   // ----- forward / backward hooks --------------------------------------------------------
   void enter(autodiff::tape& t, std::size_t g) {
-    group& gr = groups_.at(g);
+    if (g >= groups_.size()) {
+      throw std::out_of_range(detail::message("zest zero_engine: group ", g, " does not exist (",
+                                              groups_.size(), " groups)"));
+    }
+    group& gr = groups_[g];
     if (gr.in_scope) {
       throw std::logic_error(
           detail::message("zest zero_engine: group '", gr.name, "' entered twice in one step"));
@@ -338,10 +386,13 @@ class zero_engine {
     gr.in_scope = true;
     if constexpr (stage == 3) {
       materialise(g);
-      if (options_.prefetch && g + 1 < groups_.size()) start_gather(g + 1);
+      if (options_.prefetch) {
+        const std::size_t next = holding_parameters(g + 1, +1);
+        if (next < groups_.size()) start_gather(next);
+      }
     } else {
       for (slot* p : gr.params) p->compute_from_stored();
-      gr.live = true;
+      gr.live = !gr.params.empty();
     }
     note_live();
     for (slot* p : gr.params) p->attach(t);
@@ -362,7 +413,10 @@ class zero_engine {
   void before_backward(std::size_t g) {
     if constexpr (stage == 3) {
       materialise(g);
-      if (options_.prefetch && g > 0 && groups_[g - 1].in_scope) start_gather(g - 1);
+      if (options_.prefetch && g > 0) {
+        const std::size_t previous = holding_parameters(g - 1, -1);
+        if (previous < groups_.size() && groups_[previous].in_scope) start_gather(previous);
+      }
       note_live();
     }
   }
@@ -386,13 +440,27 @@ class zero_engine {
   }
 
   // ----- stage 3 gathers -----------------------------------------------------------------
+  // The ranks on the data axis: the blocks of every split and collective.
+  std::size_t data_parts() const { return static_cast<std::size_t>(mesh_->size(data)); }
+
+  // The first group from g on, stepping by `step` (+1 or -1), that holds parameters
+  // (groups_.size() if none): what a prefetch gathers, passing over empty groups.
+  std::size_t holding_parameters(std::size_t g, int step) const {
+    while (g < groups_.size() && groups_[g].params.empty()) {
+      if (step < 0 && g == 0) return groups_.size();
+      g = step > 0 ? g + 1 : g - 1;
+    }
+    return g < groups_.size() ? g : groups_.size();
+  }
+
   // A prefetch (needed_now false) waits for room under max_live_groups; a group needed now
-  // is gathered regardless.
+  // is gathered regardless. A group without parameters has nothing to gather: no collective
+  // (every rank has the same groups), and it never counts as live.
   void start_gather(std::size_t g, bool needed_now = false) {
     group& gr = groups_[g];
-    if (gr.gathering || gr.live) return;
+    if (gr.gathering || gr.live || gr.params.empty()) return;
     if (!needed_now && live_groups() >= options_.max_live_groups) return;
-    const std::size_t n = gr.params.empty() ? 1 : gr.params.front()->split().parts;
+    const std::size_t n = data_parts();
     gr.counts.assign(n, 0);
     std::size_t mine = 0;
     for (slot* p : gr.params) {
@@ -418,7 +486,7 @@ class zero_engine {
   // The group's compute values, filled from its gather (started now if not prefetched).
   void materialise(std::size_t g) {
     group& gr = groups_[g];
-    if (gr.live) return;
+    if (gr.live || gr.params.empty()) return;
     if (!gr.gathering) start_gather(g, /*needed_now=*/true);
     gr.gather.wait();
     gr.gathering = false;
@@ -474,7 +542,7 @@ class zero_engine {
       }
       red->done = mesh_->axis(data).iall_reduce(view(red->send), reduce_op::sum);
     } else {
-      const std::size_t n = gr.params[first]->split().parts;
+      const std::size_t n = data_parts();
       red->counts.assign(n, 0);
       detail::resize_buffer<backend_t>(red->send, total);
       std::size_t at = 0;
@@ -512,7 +580,7 @@ class zero_engine {
   // Stage 1 at the step: buffer (partial) -> kept shard (split), a reduce-scatter per bucket.
   void reduce_buffers_of(std::size_t g) {
     group& gr = groups_[g];
-    const std::size_t n = gr.params.empty() ? 1 : gr.params.front()->split().parts;
+    const std::size_t n = data_parts();
     const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
     for (const auto& [first, last] : buckets_of(gr)) {
       std::vector<std::size_t> counts(n, 0);
@@ -547,7 +615,7 @@ class zero_engine {
   void publish(std::size_t g) {
     group& gr = groups_[g];
     if (gr.params.empty()) return;
-    const std::size_t n = gr.params.front()->split().parts;
+    const std::size_t n = data_parts();
     const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
     std::vector<std::size_t> counts(n, 0);
     for (slot* p : gr.params)
