@@ -7,20 +7,38 @@
 //   zest::request r = dp.iall_reduce(std::span<float>(loss)); ... r.wait();
 //
 // Unchecked (the default) every call checks its buffer sizes on this rank, updates the byte
-// counters of communicator.hpp's model, and goes straight to the blocking MPI call: the even
-// ones (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall) for equal chunks, the
+// counters of communicator.hpp's model, and starts the non-blocking MPI collective: the even
+// ones (MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall) for equal chunks, the
 // v-variants otherwise. Counts above INT_MAX are rejected: MPI's counts are int.
+//
+// The watchdog (checked.hpp; always on unless ZEST_WATCHDOG_MS=0): every wait polls MPI_Test
+// against a deadline, because a blocking MPI call cannot be interrupted. Past it the rank
+// throws collective_timeout naming the call, the axis, the element count, the caller's
+// source location and the world ranks of the axis. Before throwing, it tells the other
+// ranks of the axis which call it is stuck in (a small send on a third duplicate) and
+// listens for theirs for a moment, so the message says which ranks wait in the same call
+// and which sent no word (skipped it, still busy, or stopped). Unchecked, a timeout leaves
+// the communicator unusable: it cannot tell a skipped call from a slow one. With
+// ZEST_WATCHDOG_MS=0 the blocking MPI calls are used, exactly as before the watchdog.
+//
+// What the default mode cannot see: ranks that pass different counts for the same call
+// (an all_gather of 8x4 on one rank, 6x4 on another) are not compared, since no counts are
+// exchanged; MPI then fails with a truncation error or moves wrong data. Checked mode is the
+// mode that compares.
 //
 // Checked mode (zest::checked_mode().enabled, or set_checked(true) on one communicator) turns
 // the classic silent hang into an error. Before each call, the ranks allgather a fixed-size
 // fingerprint on a second, private communicator:
 //
 //   kind, element type, reduce op or root, hash of the axis name, call number on this
-//   communicator, element count, hash of the counts, whether the buffers fit, and for
-//   all_to_all two sums that agree only if every recv_counts[j] matches rank j's send count.
+//   communicator, element count, hash of the counts, whether the buffers fit, hash of the
+//   caller's collective_context (the layouts of a redistribution, the spec of an einsum),
+//   and for all_to_all two sums that agree only if every recv_counts[j] matches rank j's
+//   send count.
 //
 // Every rank receives every fingerprint, so every rank reaches the same verdict: if they
-// differ, all throw collective_mismatch naming each rank's call; otherwise the real
+// differ, all throw collective_mismatch naming each rank's call, then (after a second
+// exchange, made only then) where each rank called it, file:line and context; otherwise the real
 // collective is issued non-blocking. Both waits are polled against checked_mode().watchdog
 // and throw collective_timeout instead of blocking forever.
 //
@@ -44,12 +62,14 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <iomanip>
 #include <memory>
 #include <optional>
+#include <source_location>
 #include <span>
 #include <sstream>
 #include <string>
@@ -136,6 +156,8 @@ struct mpi_call {
   std::uint64_t elements = 0;  // the count shown in messages (all_to_all: elements sent)
   std::uint64_t bytes = 0;     // what this rank sends, per communicator.hpp's model
   std::string invalid;         // why the buffers do not fit; empty when they do
+  std::source_location where;  // the caller's call of the public entry point
+  std::string context;         // checked mode: collective_context::current()'s text
 
   // Filled only in checked mode, for the fingerprint.
   std::uint64_t counts_key = 0;                      // hash of the counts; all_to_all: counts given
@@ -453,13 +475,63 @@ inline int run_call(const mpi_call& c, MPI_Comm comm) {
 namespace fp {
 inline constexpr std::size_t version = 0, kind = 1, type = 2, op_or_root = 3, axis = 4, number = 5,
                              elements = 6, counts = 7, invalid = 8, pairs_sent = 9,
-                             pairs_received = 10, counts_size = 11, first_count = 12, words = 16;
-inline constexpr std::size_t shown_counts = words - first_count;
-inline constexpr std::uint64_t current_version = 0x7a65737401ULL;  // "zest" 1
+                             pairs_received = 10, context = 11, counts_size = 12, first_count = 13,
+                             site = 17, words = 49;
+inline constexpr std::size_t shown_counts = site - first_count;
+// Where the rank made its call, for a mismatch's message: "at file:line in <context>", as
+// characters (truncated, zero-terminated). It travels with every fingerprint because a
+// verdict may not need a second round: a rank that gave up on a call (timeout) decides it
+// only when it makes its next call, long after the others.
+inline constexpr std::size_t site_chars = (words - site) * sizeof(std::uint64_t);
+inline constexpr std::uint64_t current_version = 0x7a65737402ULL;  // "zest" 2
 }  // namespace fp
 using fingerprint = std::array<std::uint64_t, fp::words>;
 
 using watchdog_clock = std::chrono::steady_clock;
+
+// "comm/checked_mode_test.cpp:120": the last two parts of the caller's path, and the line.
+inline std::string site_of(const std::source_location& where) {
+  std::string_view file = where.file_name();
+  if (const auto last = file.rfind('/'); last != std::string_view::npos && last > 0) {
+    if (const auto before = file.rfind('/', last - 1); before != std::string_view::npos) {
+      file.remove_prefix(before + 1);
+    }
+  }
+  return message(file, ':', where.line());
+}
+
+// Ranks as runs: "0-3", "1,3", "0,2-5".
+inline std::string rank_list(std::span<const int> ranks) {
+  std::ostringstream out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t end = i + 1;
+    while (end < ranks.size() && ranks[end] == ranks[end - 1] + 1) ++end;
+    out << (i == 0 ? "" : ",") << ranks[i];
+    if (end - i > 1) out << '-' << ranks[end - 1];
+    i = end;
+  }
+  return out.str();
+}
+
+// "rank 0: <text 0>; ranks 1-3: <text 1>": each rank's text, runs of equal texts merged
+// (always, or only beyond 16 ranks).
+template <class TextOf>
+std::string per_rank(std::size_t size, TextOf text_of, bool merge_always) {
+  std::ostringstream out;
+  std::size_t r = 0;
+  while (r < size) {
+    const std::string what = text_of(r);
+    std::size_t end = r + 1;
+    if (merge_always || size > 16) {
+      while (end < size && text_of(end) == what) ++end;
+    }
+    out << (r == 0 ? "" : "; ");
+    if (end - r == 1) out << "rank " << r << ": " << what;
+    else out << "ranks " << r << "-" << end - 1 << ": " << what;
+    r = end;
+  }
+  return out.str();
+}
 
 // A checked call between its fingerprint exchange and the end of its data transfer.
 struct checked_op {
@@ -489,14 +561,28 @@ class mpi_core {
       MPI_Comm_free(&data_);
       check_code(code, "MPI_Comm_dup");
     }
+    if (const int code = MPI_Comm_dup(comm, &report_); code != MPI_SUCCESS) {
+      MPI_Comm_free(&check_);
+      MPI_Comm_free(&data_);
+      check_code(code, "MPI_Comm_dup");
+    }
     // Errors come back as codes and leave as communicator_error naming the axis.
-    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(check_, MPI_ERRORS_RETURN);
+    for (MPI_Comm c : {data_, check_, report_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     int size = 0, rank = 0;
     MPI_Comm_size(data_, &size);
     MPI_Comm_rank(data_, &rank);
     size_ = static_cast<std::size_t>(size);
     rank_ = static_cast<std::size_t>(rank);
+    // The world ranks of this communicator's ranks, for messages.
+    world_ranks_.resize(size_);
+    std::vector<int> mine(size_);
+    for (std::size_t r = 0; r < size_; ++r) mine[r] = static_cast<int>(r);
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(data_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_translate_ranks(group, size, mine.data(), world, world_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
   }
 
   mpi_core(const mpi_core&) = delete;
@@ -515,8 +601,25 @@ class mpi_core {
     };
     for (const auto& op : undecided_) keep_if_pending(op);
     for (const auto& op : stranded_) keep_if_pending(op);
+    drain_reports();
+    MPI_Comm_free(&report_);
     MPI_Comm_free(&check_);
     MPI_Comm_free(&data_);
+  }
+
+  // Receives the timeout reports (who_else) that arrived and were never listened for, so
+  // that MPI does not complain of unmatched messages at MPI_Finalize.
+  void drain_reports() const {
+    for (;;) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, report_tag, report_, &flag, &status) != MPI_SUCCESS ||
+          flag == 0) {
+        return;
+      }
+      std::uint64_t at = 0;
+      MPI_Recv(&at, 1, MPI_UINT64_T, status.MPI_SOURCE, report_tag, report_, MPI_STATUS_IGNORE);
+    }
   }
 
   MPI_Comm data() const { return data_; }
@@ -537,8 +640,19 @@ class mpi_core {
       if (!call.invalid.empty()) throw_invalid(call);
       settle_all();
       count(call);
-      ++next_number_;
-      check_code(run_call(call, data_), call);
+      const std::uint64_t number = next_number_++;
+      if (checked_mode().watchdog.count() == 0) {  // no deadline: MPI's blocking call
+        check_code(run_call(call, data_), call);
+        return;
+      }
+      MPI_Request pending = MPI_REQUEST_NULL;
+      check_code(start_call(call, data_, &pending), call);
+      try {
+        wait_plain(pending, true, call, number);
+      } catch (...) {
+        keep_forever(std::move(call));  // MPI may still read its count arrays
+        throw;
+      }
       return;
     }
     const auto op = begin_checked(std::move(call));
@@ -559,7 +673,7 @@ class mpi_core {
       core->settle_all();
       core->count(call);
       ++core->next_number_;
-      auto state = std::make_shared<plain_request>(core, std::move(call));
+      auto state = std::make_shared<plain_request>(core, std::move(call), core->next_number_ - 1);
       state->core->check_code(start_call(state->call, core->data_, &state->request), state->call);
       return request([state](bool block) { return state->poll(block); });
     }
@@ -571,19 +685,20 @@ class mpi_core {
 
  private:
   struct plain_request {
-    plain_request(std::shared_ptr<mpi_core> c, mpi_call m)
-        : core(std::move(c)), call(std::move(m)) {}
+    plain_request(std::shared_ptr<mpi_core> c, mpi_call m, std::uint64_t n)
+        : core(std::move(c)), call(std::move(m)), number(n) {}
+    plain_request(const plain_request&) = delete;
+    plain_request& operator=(const plain_request&) = delete;
+    // Unfinished (after a timeout): MPI may still read the count arrays.
+    ~plain_request() {
+      if (request != MPI_REQUEST_NULL) keep_forever(std::move(call));
+    }
     std::shared_ptr<mpi_core> core;
     mpi_call call;  // owns the count arrays MPI reads until completion
     MPI_Request request = MPI_REQUEST_NULL;
+    std::uint64_t number = 0;
 
-    bool poll(bool block) {
-      int done = 1;
-      const int code = block ? MPI_Wait(&request, MPI_STATUS_IGNORE)
-                             : MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-      core->check_code(code, call);
-      return done != 0;
-    }
+    bool poll(bool block) { return core->wait_plain(request, block, call, number); }
   };
 
   struct checked_request {
@@ -628,15 +743,108 @@ class mpi_core {
     return out.str();
   }
 
+  // The message of a wait that passed its deadline. Before it is thrown, this rank tells
+  // the others which call it is stuck in and listens briefly for theirs (report_), so the
+  // message can say which ranks arrived.
+  collective_timeout timeout(const mpi_call& call, const fingerprint& f,
+                             watchdog_clock::time_point started, std::string_view phase) const {
+    const std::string waited = seconds(watchdog_clock::now() - started);
+    const std::string others = who_else(f[fp::number]);
+    return collective_timeout(
+        message("zest: collective timeout on axis '", name_, "': ", describe(f.data()), " on rank ",
+                rank_, " of ", size_, " not complete after ", waited, " s", phase, "; called at ",
+                site_of(call.where), "; the axis spans world ranks ", rank_list(world_ranks_),
+                others, ". ZEST_WATCHDOG_MS sets the deadline (now ",
+                checked_mode().watchdog.count(), " ms; 0: none)"));
+  }
   collective_timeout timeout(const checked_op& op, watchdog_clock::time_point started,
                              bool exchanging) const {
-    return collective_timeout(message(
-        "zest: collective timeout on axis '", name_, "': ", describe(op.mine.data()), " on rank ",
-        rank_, " of ", size_, " not complete after ", seconds(watchdog_clock::now() - started),
-        " s",
+    return timeout(
+        op.call, op.mine, started,
         exchanging ? " (checking the call: some rank of this communicator has not reached it; it "
                      "skipped it or is blocked in another collective)"
-                   : " (moving the data: all ranks agreed on the call, but it did not finish)"));
+                   : " (moving the data: all ranks agreed on the call, but it did not finish)");
+  }
+
+  // After a timeout in call #number: "; ranks 0,2 wait in this call too; no word from rank 1
+  // (...)". Reports are small eager sends on report_ that nobody waits for.
+  std::string who_else(std::uint64_t number) const {
+    if (size_ < 2) return "";
+    auto* mine = new std::uint64_t(number);  // NOLINT: MPI may read it at any time: kept forever
+    for (std::size_t r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request sent = MPI_REQUEST_NULL;
+      if (MPI_Isend(mine, 1, MPI_UINT64_T, static_cast<int>(r), report_tag, report_, &sent) ==
+          MPI_SUCCESS) {
+        MPI_Request_free(&sent);
+      }
+    }
+    std::vector<std::optional<std::uint64_t>> heard(size_);
+    const auto listen = std::clamp<std::chrono::milliseconds>(
+        checked_mode().watchdog / 10, std::chrono::milliseconds(20), std::chrono::seconds(1));
+    const auto until = watchdog_clock::now() + listen;
+    const auto all_here = [&] {
+      for (std::size_t r = 0; r < size_; ++r) {
+        if (r != rank_ && heard[r] != number) return false;
+      }
+      return true;
+    };
+    while (!all_here() && watchdog_clock::now() < until) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, report_tag, report_, &flag, &status) != MPI_SUCCESS) break;
+      if (flag == 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      std::uint64_t at = 0;
+      if (MPI_Recv(&at, 1, MPI_UINT64_T, status.MPI_SOURCE, report_tag, report_,
+                   MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        break;
+      }
+      heard[static_cast<std::size_t>(status.MPI_SOURCE)] = at;  // the latest report wins
+    }
+    std::vector<int> here, silent;
+    std::ostringstream elsewhere;
+    for (std::size_t r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      if (!heard[r]) {
+        silent.push_back(static_cast<int>(r));
+      } else if (*heard[r] == number) {
+        here.push_back(static_cast<int>(r));
+      } else {
+        elsewhere << "; rank " << r << " waits in call #" << *heard[r] << " instead";
+      }
+    }
+    std::ostringstream out;
+    if (!here.empty()) out << "; ranks " << rank_list(here) << " of the axis wait in this call too";
+    out << elsewhere.str();
+    if (!silent.empty()) {
+      out << "; no word from ranks " << rank_list(silent) << " of the axis within "
+          << listen.count()
+          << " ms (they skipped this call, are still busy before it, or have stopped)";
+    }
+    return out.str();
+  }
+
+  // Waits for the data transfer of an unchecked call; block=false polls once. Past the
+  // deadline the communicator is unusable (the ranks' calls no longer line up): throws.
+  bool wait_plain(MPI_Request& pending, bool block, const mpi_call& call, std::uint64_t number) {
+    int done = 0;
+    check_code(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), call);
+    if (done != 0) return true;
+    if (!block) return false;
+    ensure_usable(call);  // another call timed out: do not wait again for a stuck transfer
+    const auto limit = checked_mode().watchdog;
+    if (limit.count() == 0) {
+      check_code(MPI_Wait(&pending, MPI_STATUS_IGNORE), call);
+      return true;
+    }
+    const auto started = watchdog_clock::now();
+    if (wait_until(pending, true, started + limit, call)) return true;
+    const fingerprint f = fingerprint_of(call, number);
+    broken_ = message(describe(f.data()), " timed out");
+    throw timeout(call, f, started, "");
   }
 
   // ---- accounting ---------------------------------------------------------------------
@@ -657,11 +865,9 @@ class mpi_core {
 
   // ---- checked mode -------------------------------------------------------------------
 
-  std::shared_ptr<checked_op> begin_checked(mpi_call call) {
-    auto op = std::make_shared<checked_op>();
-    op->call = std::move(call);
-    const mpi_call& c = op->call;
-    fingerprint& f = op->mine;
+  // What this rank calls, as the fingerprint checked mode exchanges (and messages describe).
+  fingerprint fingerprint_of(const mpi_call& c, std::uint64_t number) const {
+    fingerprint f{};
     f[fp::version] = fp::current_version;
     f[fp::kind] = c.kind;
     f[fp::type] = c.kind == barrier_kind ? 0 : static_cast<std::uint64_t>(c.type);
@@ -669,7 +875,7 @@ class mpi_core {
                             ? static_cast<std::uint64_t>(c.root)
                             : static_cast<std::uint64_t>(c.reduction);
     f[fp::axis] = name_hash_;
-    f[fp::number] = next_number_++;
+    f[fp::number] = number;
     f[fp::elements] = c.elements;
     f[fp::counts] = c.counts_key;
     f[fp::invalid] = c.invalid.empty() ? 0 : 1;
@@ -679,6 +885,21 @@ class mpi_core {
     for (std::size_t i = 0; i < fp::shown_counts && i < c.counts_shown.size(); ++i) {
       f[fp::first_count + i] = c.counts_shown[i];
     }
+    f[fp::context] = c.context.empty() ? 0 : hash_name(c.context);
+    std::string text = "at " + site_of(c.where);
+    if (!c.context.empty()) text += " in " + c.context;
+    std::memcpy(&f[fp::site], text.data(), std::min(text.size(), fp::site_chars - 1));
+    return f;
+  }
+
+  std::shared_ptr<checked_op> begin_checked(mpi_call call) {
+    auto op = std::make_shared<checked_op>();
+    op->call = std::move(call);
+    if (const collective_context* context = collective_context::current()) {
+      op->call.context = context->text();
+    }
+    const mpi_call& c = op->call;
+    const fingerprint& f = op->mine = fingerprint_of(c, next_number_++);
     op->all.resize(size_ * fp::words);
     constexpr int words = static_cast<int>(fp::words);
     check_code(MPI_Iallgather(f.data(), words, MPI_UINT64_T, op->all.data(), words, MPI_UINT64_T,
@@ -748,7 +969,7 @@ class mpi_core {
 
   static bool same_call(const std::uint64_t* a, const std::uint64_t* b) {
     for (const std::size_t w : {fp::version, fp::kind, fp::type, fp::op_or_root, fp::axis,
-                                fp::number, fp::counts, fp::invalid}) {
+                                fp::number, fp::counts, fp::invalid, fp::context}) {
       if (a[w] != b[w]) return false;
     }
     // all_to_all's element count legitimately differs per rank; its pairs decide instead.
@@ -787,22 +1008,22 @@ class mpi_core {
     return out.str();
   }
 
+  // Every rank's call, in order; beyond 16 ranks, runs of identical calls are merged.
   std::string mismatch_list(const checked_op& op) const {
-    // Every rank, in order; beyond 16 ranks, runs of identical calls are merged.
-    std::ostringstream out;
-    std::size_t r = 0;
-    while (r < size_) {
-      const std::string what = describe(&op.all[r * fp::words]);
-      std::size_t end = r + 1;
-      if (size_ > 16) {
-        while (end < size_ && describe(&op.all[end * fp::words]) == what) ++end;
-      }
-      out << (r == 0 ? "" : "; ");
-      if (end - r == 1) out << "rank " << r << ": " << what;
-      else out << "ranks " << r << "-" << end - 1 << ": " << what;
-      r = end;
-    }
-    return out.str();
+    return per_rank(
+        size_, [&](std::size_t r) { return describe(&op.all[r * fp::words]); }, false);
+  }
+
+  // Where every rank made its call and in which context: "rank 0: at a.cpp:10 in
+  // redistribute ...; rank 1: at b.cpp:20" (runs of equal sites merged).
+  std::string call_sites(const checked_op& op) const {
+    return per_rank(
+        size_,
+        [&](std::size_t r) {
+          const auto* chars = reinterpret_cast<const char*>(&op.all[r * fp::words + fp::site]);
+          return std::string(chars, strnlen(chars, fp::site_chars));
+        },
+        true);
   }
 
   // all_to_all with the same kind everywhere but counts that do not pair up: exchange the
@@ -847,8 +1068,8 @@ class mpi_core {
     const std::string_view hint =
         " (all ranks of a communicator must make the same collective calls in the same order)";
     if (!agree) {
-      fail(std::make_exception_ptr(
-          collective_mismatch(prefix + mismatch_list(op) + std::string(hint))));
+      fail(std::make_exception_ptr(collective_mismatch(
+          message(prefix, mismatch_list(op), hint, "; called ", call_sites(op)))));
     } else if (first[fp::kind] == static_cast<std::uint64_t>(collective::all_to_all) &&
                first[fp::invalid] == 0 && sent != received) {
       fail(std::make_exception_ptr(collective_mismatch(
@@ -907,6 +1128,9 @@ class mpi_core {
 
   MPI_Comm data_ = MPI_COMM_NULL;
   MPI_Comm check_ = MPI_COMM_NULL;
+  MPI_Comm report_ = MPI_COMM_NULL;  // where a timed-out rank says which call it is stuck in
+  static constexpr int report_tag = 0x7a;
+  std::vector<int> world_ranks_;  // world rank of each rank of this communicator
   std::string name_;
   std::uint64_t name_hash_ = 0;
   std::size_t size_ = 1;
@@ -967,36 +1191,43 @@ class mpi_communicator {
   // equal, recv.size() = size() * send.size()).
   template <class T>
   void all_gather(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                  std::span<const std::size_t> counts = {}) {
-    core_->run(prepare_all_gather(send, recv, counts));
+                  std::span<const std::size_t> counts = {},
+                  std::source_location where = std::source_location::current()) {
+    core_->run(at(prepare_all_gather(send, recv, counts), where));
   }
   template <class T>
   request iall_gather(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                      std::span<const std::size_t> counts = {}) {
-    return detail::mpi_core::start(core_, prepare_all_gather(send, recv, counts));
+                      std::span<const std::size_t> counts = {},
+                      std::source_location where = std::source_location::current()) {
+    return detail::mpi_core::start(core_, at(prepare_all_gather(send, recv, counts), where));
   }
 
   // recv = chunk rank() of the elementwise reduction of the ranks' send buffers; counts[r] =
   // the size of rank r's chunk (empty: all equal, send.size() = size() * recv.size()).
   template <class T>
   void reduce_scatter(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                      std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum) {
-    core_->run(prepare_reduce_scatter(send, recv, counts, op));
+                      std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum,
+                      std::source_location where = std::source_location::current()) {
+    core_->run(at(prepare_reduce_scatter(send, recv, counts, op), where));
   }
   template <class T>
   request ireduce_scatter(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                          std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum) {
-    return detail::mpi_core::start(core_, prepare_reduce_scatter(send, recv, counts, op));
+                          std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum,
+                          std::source_location where = std::source_location::current()) {
+    return detail::mpi_core::start(core_,
+                                   at(prepare_reduce_scatter(send, recv, counts, op), where));
   }
 
   // inout = the elementwise reduction of every rank's inout.
   template <class T>
-  void all_reduce(std::span<T> inout, reduce_op op = reduce_op::sum) {
-    core_->run(prepare_all_reduce(inout, op));
+  void all_reduce(std::span<T> inout, reduce_op op = reduce_op::sum,
+                  std::source_location where = std::source_location::current()) {
+    core_->run(at(prepare_all_reduce(inout, op), where));
   }
   template <class T>
-  request iall_reduce(std::span<T> inout, reduce_op op = reduce_op::sum) {
-    return detail::mpi_core::start(core_, prepare_all_reduce(inout, op));
+  request iall_reduce(std::span<T> inout, reduce_op op = reduce_op::sum,
+                      std::source_location where = std::source_location::current()) {
+    return detail::mpi_core::start(core_, at(prepare_all_reduce(inout, op), where));
   }
 
   // Block j of send (send_counts[j] elements) goes to rank j; block j of recv comes from
@@ -1004,33 +1235,42 @@ class mpi_communicator {
   template <class T>
   void all_to_all(std::type_identity_t<std::span<const T>> send,
                   std::span<const std::size_t> send_counts, std::span<T> recv,
-                  std::span<const std::size_t> recv_counts) {
-    core_->run(prepare_all_to_all(send, send_counts, recv, recv_counts));
+                  std::span<const std::size_t> recv_counts,
+                  std::source_location where = std::source_location::current()) {
+    core_->run(at(prepare_all_to_all(send, send_counts, recv, recv_counts), where));
   }
   template <class T>
   request iall_to_all(std::type_identity_t<std::span<const T>> send,
                       std::span<const std::size_t> send_counts, std::span<T> recv,
-                      std::span<const std::size_t> recv_counts) {
-    return detail::mpi_core::start(core_, prepare_all_to_all(send, send_counts, recv, recv_counts));
+                      std::span<const std::size_t> recv_counts,
+                      std::source_location where = std::source_location::current()) {
+    return detail::mpi_core::start(
+        core_, at(prepare_all_to_all(send, send_counts, recv, recv_counts), where));
   }
 
   // data = root's data on every rank.
   template <class T>
-  void broadcast(std::span<T> data, int root) {
-    core_->run(prepare_broadcast(data, root));
+  void broadcast(std::span<T> data, int root,
+                 std::source_location where = std::source_location::current()) {
+    core_->run(at(prepare_broadcast(data, root), where));
   }
   template <class T>
-  request ibroadcast(std::span<T> data, int root) {
-    return detail::mpi_core::start(core_, prepare_broadcast(data, root));
+  request ibroadcast(std::span<T> data, int root,
+                     std::source_location where = std::source_location::current()) {
+    return detail::mpi_core::start(core_, at(prepare_broadcast(data, root), where));
   }
 
-  void barrier() {
+  void barrier(std::source_location where = std::source_location::current()) {
     detail::mpi_call call;
     call.kind = detail::barrier_kind;
-    core_->run(std::move(call));
+    core_->run(at(std::move(call), where));
   }
 
  private:
+  static detail::mpi_call at(detail::mpi_call call, const std::source_location& where) {
+    call.where = where;
+    return call;
+  }
   template <class T>
   detail::mpi_call prepare_all_gather(std::span<const T> send, std::span<T> recv,
                                       std::span<const std::size_t> counts) const {

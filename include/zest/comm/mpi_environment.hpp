@@ -9,13 +9,114 @@
 // Only the environment that initialised MPI finalises it, so a library or test helper can
 // create one without caring whether the application did too. zest only calls MPI from the
 // thread that created its communicators, so MPI_THREAD_FUNNELED is what it asks for.
+//
+// Ending a failed run without losing its message:
+//
+//   } catch (const std::exception& e) {
+//     zest::report_and_abort(e);   // "[rank 2 of 4] zest: ..." on stderr, then MPI_Abort
+//   }
+//
+// report_and_abort writes the whole message with one write(2) to stderr (a pipe keeps it
+// whole and in one piece), then waits for the other ranks before MPI_Abort takes the job
+// down: at most ZEST_ABORT_GRACE_MS (default 2000), less when every rank reports (an error
+// every rank sees reaches every rank's catch block at about the same time). The wait is a
+// non-blocking barrier on a duplicate of MPI_COMM_WORLD that the first mpi_environment
+// made, so it never matches the application's collectives. Without it a rank that fails
+// first kills the others before their messages are out (MPI_Abort ends every process, and
+// output still in a process's buffers is lost).
 #pragma once
 
 #include <mpi.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <string_view>
+#include <thread>
 
 #include "zest/core/error.hpp"
 
 namespace zest {
+
+namespace detail {
+// The duplicate of MPI_COMM_WORLD that report_and_abort waits on (MPI_COMM_NULL: none).
+inline MPI_Comm& abort_comm() {
+  static MPI_Comm comm = MPI_COMM_NULL;
+  return comm;
+}
+
+// Writes all of text to fd, in one write(2) unless the kernel takes less.
+inline void write_whole(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // nothing more can be done about a closed stderr
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+inline std::chrono::milliseconds abort_grace() {
+  if (const char* ms = std::getenv("ZEST_ABORT_GRACE_MS")) {
+    char* end = nullptr;
+    const long long value = std::strtoll(ms, &end, 10);
+    if (end != ms && *end == '\0' && value >= 0) return std::chrono::milliseconds(value);
+  }
+  return std::chrono::milliseconds(2000);
+}
+}  // namespace detail
+
+// Reports `what` on stderr and ends the run with exit_code (see the top of this file).
+// Prefixed "[rank r of n] " when MPI runs with more than one rank. Never returns.
+[[noreturn]] inline void report_and_abort(std::string_view what, int exit_code = 1) noexcept {
+  int initialized = 0, finalized = 0, rank = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  const bool running = initialized != 0 && finalized == 0;
+  if (running) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+  std::string text;
+  try {
+    if (size > 1) text = "[rank " + std::to_string(rank) + " of " + std::to_string(size) + "] ";
+    text.append(what);
+    if (text.empty() || text.back() != '\n') text.push_back('\n');
+  } catch (...) {  // out of memory: the message alone, then the newline
+    detail::write_whole(STDERR_FILENO, what);
+    text = "\n";
+  }
+  std::cout.flush();  // what the program printed before comes first
+  std::fflush(nullptr);
+  detail::write_whole(STDERR_FILENO, text);
+  if (!running || size == 1) std::_Exit(exit_code);
+
+  const auto until = std::chrono::steady_clock::now() + detail::abort_grace();
+  MPI_Request all_here = MPI_REQUEST_NULL;
+  const MPI_Comm comm = detail::abort_comm();
+  if (comm == MPI_COMM_NULL || MPI_Ibarrier(comm, &all_here) != MPI_SUCCESS) {
+    all_here = MPI_REQUEST_NULL;
+  }
+  while (std::chrono::steady_clock::now() < until) {
+    int done = 0;
+    if (all_here != MPI_REQUEST_NULL &&
+        MPI_Test(&all_here, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done != 0) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; if it did, still end here
+}
+
+// The exception's what().
+[[noreturn]] inline void report_and_abort(const std::exception& error, int exit_code = 1) noexcept {
+  report_and_abort(std::string_view(error.what()), exit_code);
+}
 
 class mpi_environment {
  public:
@@ -26,14 +127,19 @@ class mpi_environment {
     MPI_Initialized(&initialized);
     if (initialized != 0) {
       MPI_Query_thread(&provided_);
-      return;
+    } else {
+      const int code = MPI_Init_thread(argc, argv, required, &provided_);
+      if (code != MPI_SUCCESS) {
+        throw communicator_error(
+            detail::message("zest: mpi_environment: MPI_Init_thread failed with MPI error ", code));
+      }
+      owns_ = true;
     }
-    const int code = MPI_Init_thread(argc, argv, required, &provided_);
-    if (code != MPI_SUCCESS) {
-      throw communicator_error(
-          detail::message("zest: mpi_environment: MPI_Init_thread failed with MPI error ", code));
+    // Every rank constructs its environment, so this collective call lines up.
+    if (detail::abort_comm() == MPI_COMM_NULL &&
+        MPI_Comm_dup(MPI_COMM_WORLD, &detail::abort_comm()) == MPI_SUCCESS) {
+      owns_abort_comm_ = true;
     }
-    owns_ = true;
   }
 
   mpi_environment(const mpi_environment&) = delete;
@@ -42,10 +148,11 @@ class mpi_environment {
   mpi_environment& operator=(mpi_environment&&) = delete;
 
   ~mpi_environment() {
-    if (!owns_) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized == 0) MPI_Finalize();
+    if (finalized != 0) return;
+    if (owns_abort_comm_) MPI_Comm_free(&detail::abort_comm());
+    if (owns_) MPI_Finalize();
   }
 
   // Whether this object initialised MPI (and will finalise it).
@@ -55,6 +162,7 @@ class mpi_environment {
 
  private:
   bool owns_ = false;
+  bool owns_abort_comm_ = false;
   int provided_ = MPI_THREAD_SINGLE;
 };
 

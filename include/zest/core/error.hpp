@@ -24,7 +24,10 @@ class collective_mismatch : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A collective did not finish within the watchdog's time (checked mode).
+// A collective did not finish within the watchdog's time (zest/comm/checked.hpp; in every
+// mode, unless ZEST_WATCHDOG_MS=0). The message names the call, the axis, the element count,
+// the caller's source location, the world ranks of the axis and which of them were heard
+// waiting in the same call.
 class collective_timeout : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
