@@ -207,12 +207,9 @@ int main(int argc, char** argv) {
     if (f->device == "cuda") return train_on_cuda(*f, data, sizes);
     return train_on<cpu_mesh, zest::float16>(*f, data, sizes);
   } catch (const std::exception& e) {
-    std::cerr << "[rank " << rank << "] " << e.what() << '\n';
     // An error that only this rank saw (a bad token id in its shard, a full disk) would
-    // leave the others waiting in a collective: take the whole job down.
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
+    // leave the others waiting in a collective: take the whole job down, but only once
+    // every rank's message is out (zest/comm/mpi_environment.hpp).
+    zest::report_and_abort(e);
   }
 }
