@@ -71,7 +71,7 @@ int hook(detail::file_op op, const fs::path& path) {
   ++plan.seen;
   if (world_rank != plan.rank || plan.seen != plan.at) return 0;
   ++plan.hits;
-  say(detail::message("fault at operation ", plan.seen, ": ", detail::name_of(op), " ",
+  say(detail::message("fault at operation ", plan.seen, ": ", detail::file_op_name(op), " ",
                       path.filename().string(), plan.kill ? " (killed)" : " (EIO)"));
   if (plan.kill) ::raise(SIGKILL);
   return EIO;

@@ -59,7 +59,7 @@ enum class file_op : std::uint8_t {
   remove,
 };
 
-inline const char* name_of(file_op op) {
+inline const char* file_op_name(file_op op) {
   switch (op) {
     case file_op::create_folder: return "create_folder";
     case file_op::open: return "open";
