@@ -298,8 +298,9 @@ decltype(auto) in_layout(const X& x) {
   }
 }
 
-// Checks that every letter has one extent across the operands (throws shape_error naming
-// the spec, the dim and both extents) and returns the output's global extents.
+// Checks that every operand holds a value (not moved from) and every letter has one extent
+// across the operands (throws shape_error naming the spec, the operand, the dim and both
+// extents) and returns the output's global extents.
 template <fixed_string Spec, class... X>
 std::array<std::size_t, parsed_spec<Spec>.output.size> checked_output_extents(const X&... xs) {
   static constexpr const einsum_spec& s = parsed_spec<Spec>;
@@ -309,6 +310,12 @@ std::array<std::size_t, parsed_spec<Spec>.output.size> checked_output_extents(co
   int operand = 0;
   auto visit = [&](const auto& x) {
     const auto& term = s.inputs[static_cast<std::size_t>(operand)];
+    if (x.is_moved_from()) [[unlikely]] {
+      throw shape_error(detail::message("zest: einsum \"", view_of<Spec>, "\": operand ", operand,
+                                        " (\"", term.view(),
+                                        "\") is a tensor that was moved from; it holds nothing. "
+                                        "Fix: pass the tensor it was moved into"));
+    }
     for (std::size_t k = 0; k < term.size; ++k) {
       const auto u = static_cast<unsigned char>(term.letters[k]);
       const std::size_t e = x.extents()[k];

@@ -7,6 +7,11 @@
 // Global extents are run-time values; every rank holds the block its mesh coordinates
 // select (zest/layout/shard.hpp), stored dense and row-major in the order of the dims.
 // On an axis where the layout is partial, the value is the sum of the ranks' blocks.
+//
+// A tensor moved from (std::move(x) into another tensor) holds nothing: every accessor of
+// it throws zest::shape_error naming the accessor, the tensor and the fix, rather than
+// handing out an empty shard with its old extents (which einsum would read past). The
+// check is one pointer compare per accessor call, never per element.
 #pragma once
 
 #include <array>
@@ -45,6 +50,19 @@ constexpr dims_problem check_dims() {
     if (Dims.find(c) != i) return dims_problem::repeated;
   }
   return dims_problem::none;
+}
+}  // namespace detail
+
+namespace detail {
+// Out of line and one for all tensor types: the accessors' cold path.
+[[noreturn]] inline void throw_moved_from(const char* accessor, std::string_view dims,
+                                          const layout_value& layout,
+                                          std::span<const std::string_view> axis_names) {
+  throw shape_error(
+      message("zest: tensor \"", dims, "\" ", to_string(layout, axis_names), ": ", accessor,
+              " of a tensor that was moved from (std::move gave its storage to another tensor; it "
+              "holds nothing now). Fix: use the tensor it was moved into, or assign it a new value "
+              "first"));
 }
 }  // namespace detail
 
@@ -144,29 +162,62 @@ class basic_tensor {
     });
   }
 
-  const Mesh& mesh() const { return *mesh_; }
-  const extents_type& extents() const { return extents_; }
-  std::size_t extent(char d) const { return extents_[dim_index(d)]; }
-  const extents_type& local_extents() const { return local_extents_; }
+  basic_tensor(const basic_tensor&) = default;
+  basic_tensor& operator=(const basic_tensor&) = default;
+  // Moving leaves the source without a mesh: its accessors throw from then on. Assigning
+  // to it makes it usable again.
+  basic_tensor(basic_tensor&& other) noexcept(std::is_nothrow_move_constructible_v<storage_type>)
+      : mesh_(std::exchange(other.mesh_, nullptr)),
+        extents_(other.extents_),
+        local_extents_(other.local_extents_),
+        offsets_(other.offsets_),
+        data_(std::move(other.data_)) {}
+  basic_tensor& operator=(basic_tensor&& other) noexcept(
+      std::is_nothrow_move_assignable_v<storage_type>) {
+    if (this != &other) {
+      mesh_ = std::exchange(other.mesh_, nullptr);
+      extents_ = other.extents_;
+      local_extents_ = other.local_extents_;
+      offsets_ = other.offsets_;
+      data_ = std::move(other.data_);
+    }
+    return *this;
+  }
+  ~basic_tensor() = default;
+
+  // True after the tensor was moved from (and not assigned since): it holds nothing.
+  bool is_moved_from() const { return mesh_ == nullptr; }
+
+  const Mesh& mesh() const { return *usable("mesh()").mesh_; }
+  const extents_type& extents() const { return usable("extents()").extents_; }
+  std::size_t extent(char d) const { return usable("extent()").extents_[dim_index(d)]; }
+  const extents_type& local_extents() const { return usable("local_extents()").local_extents_; }
   // Global index of this rank's first element along each dim.
-  const extents_type& local_offsets() const { return offsets_; }
+  const extents_type& local_offsets() const { return usable("local_offsets()").offsets_; }
   std::size_t size() const {
     std::size_t n = 1;
-    for (auto e : extents_) n *= e;
+    for (auto e : usable("size()").extents_) n *= e;
     return n;
   }
   std::size_t local_count() const {
     std::size_t n = 1;
-    for (auto e : local_extents_) n *= e;
+    for (auto e : usable("local_count()").local_extents_) n *= e;
     return n;
   }
 
-  std::span<T> local() { return {data_.data(), data_.size()}; }
-  std::span<const T> local() const { return {data_.data(), data_.size()}; }
-  storage_type& storage() { return data_; }
-  const storage_type& storage() const { return data_; }
+  std::span<T> local() {
+    (void)usable("local()");
+    return {data_.data(), data_.size()};
+  }
+  std::span<const T> local() const { return {usable("local()").data_.data(), data_.size()}; }
+  storage_type& storage() {
+    (void)usable("storage()");
+    return data_;
+  }
+  const storage_type& storage() const { return usable("storage()").data_; }
   // The local shard copied to host memory (for any backend).
   host_vector<T> local_to_host() const {
+    (void)usable("local_to_host()");
     host_vector<T> out(data_.size());
     backend_type::to_host(std::span<const T>(data_.data(), data_.size()), out.data());
     return out;
@@ -176,6 +227,7 @@ class basic_tensor {
   auto local_matrix() requires(
       (std::is_same_v<T, float> ||
        std::is_same_v<T, double>)&&std::is_same_v<backend_type, host_backend>) {
+    (void)usable("local_matrix()");
     return Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
         data_.data(), static_cast<Eigen::Index>(matrix_rows()),
         static_cast<Eigen::Index>(matrix_cols()));
@@ -183,6 +235,7 @@ class basic_tensor {
   auto local_matrix() const
       requires((std::is_same_v<T, float> ||
                 std::is_same_v<T, double>)&&std::is_same_v<backend_type, host_backend>) {
+    (void)usable("local_matrix()");
     return Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
         data_.data(), static_cast<Eigen::Index>(matrix_rows()),
         static_cast<Eigen::Index>(matrix_cols()));
@@ -191,6 +244,7 @@ class basic_tensor {
   // Whether this rank's block carries (part of) the value: false on the ranks that hold
   // zeros of a partial axis created from a replicated value.
   bool holds_partial_summand() const {
+    (void)usable("holds_partial_summand()");
     for (std::size_t a = 0; a < Mesh::axis_count; ++a) {
       if (layout.is_partial(a) && mesh_->coord(a) != 0) return false;
     }
@@ -198,6 +252,14 @@ class basic_tensor {
   }
 
  private:
+  // Every accessor's check: *this, or a shape_error when the tensor was moved from.
+  const basic_tensor& usable(const char* accessor) const {
+    if (mesh_ == nullptr) [[unlikely]] {
+      detail::throw_moved_from(accessor, view_of<Dims>, layout,
+                               std::span<const std::string_view>(Mesh::axis_names));
+    }
+    return *this;
+  }
   std::size_t matrix_cols() const { return rank == 0 ? 1 : local_extents_[rank - 1]; }
   std::size_t matrix_rows() const {
     std::size_t n = 1;
