@@ -261,11 +261,19 @@ TEST_CASE("training_log: invalid steps and files") {
   CHECK_THROWS_AS(log.add_step(json::object{{"step", 1.5}, {"loss", 1.0}}), std::invalid_argument);
   CHECK_THROWS_AS(log.add_step(json::object{{"step", 1}, {"loss", "low"}}), std::invalid_argument);
   try {
-    log.add_step(json::object{{"step", 1}, {"loss", std::nan("")}});
-    FAIL("a NaN loss was accepted");
+    log.add_step(json::object{{"step", 1}, {"loss", nullptr}});
+    FAIL("a null loss that \"nonfinite\" does not name was accepted");
   } catch (const std::invalid_argument& e) {
     CHECK(std::string(e.what()).find("\"loss\"") != std::string::npos);
   }
+  // "nonfinite" is the log's: a record's own must be of its form.
+  CHECK_THROWS_AS(log.add_step(json::object{{"step", 1}, {"loss", 1.0}, {"nonfinite", 3}}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      log.add_step(json::object{
+          {"step", 1}, {"loss", nullptr}, {"nonfinite", json::object{{"loss", "huge"}}}}),
+      std::invalid_argument);
+  CHECK_THROWS_AS(log.set("nonfinite", 1), std::invalid_argument);
   CHECK(log.steps().empty());
   log.add_step(json::object{{"step", 1}, {"loss", 1.0}});
   CHECK_THROWS_AS(log.add_step(json::object{{"step", 1}, {"loss", 1.0}}), std::invalid_argument);
@@ -283,6 +291,63 @@ TEST_CASE("training_log: invalid steps and files") {
   zest::write_text_file_atomically(folder / "other.json", "{\"steps\": []}");
   CHECK_THROWS_AS(report::training_log::read(folder / "other.json"), json::error);
   fs::remove_all(folder);
+}
+
+TEST_CASE("training_log: non-finite numbers are null, named in \"nonfinite\"") {
+  const fs::path folder = temp_folder("nonfinite");
+  const double inf = std::numeric_limits<double>::infinity();
+  report::training_log log;
+  log.add_step(json::object{{"step", 1}, {"loss", 4.5}, {"grad_norm", 2.0}});
+  log.add_step(json::object{{"step", 2},
+                            {"loss", 4.4},
+                            {"grad_norm", inf},
+                            {"applied", false},
+                            {"per_expert", json::array{1.0, -inf, 3.0}}});
+  log.add_step(json::object{{"step", 3}, {"loss", std::nan("")}, {"grad_norm", nullptr}});
+  log.set("lr_bound", inf);
+  log.set_summary("final_loss", std::nan(""));
+  log.set_summary("final_loss", 4.25);  // replaced: its "nonfinite" entry goes with it
+  const fs::path path = folder / "log.json";
+  log.write(path);
+
+  // The file is JSON (the strict parser reads it) with nulls where the numbers were.
+  const json::value j = json::parse(zest::read_text_file(path));
+  const json::value& skipped = j["steps"][1];
+  CHECK(skipped["grad_norm"].is_null());
+  CHECK(skipped["nonfinite"]["grad_norm"].as_string() == "inf");
+  CHECK(skipped["per_expert"][1].is_null());
+  CHECK(skipped["nonfinite"]["per_expert[1]"].as_string() == "-inf");
+  CHECK(skipped["nonfinite"].size() == 2);
+  CHECK(j["steps"][0].find("nonfinite") == nullptr);  // only where there is something to say
+  CHECK(j["steps"][2]["loss"].is_null());
+  CHECK(j["steps"][2]["nonfinite"]["loss"].as_string() == "nan");
+  CHECK(j["steps"][2]["nonfinite"].find("grad_norm") == nullptr);  // an ordinary null
+  CHECK(j["run"]["nonfinite"]["lr_bound"].as_string() == "inf");
+  CHECK(j["summary"]["final_loss"].as_number() == 4.25);
+  CHECK(j["summary"].find("nonfinite") == nullptr);
+
+  // Read back, the numbers are what they were.
+  const report::training_log back = report::training_log::read(path);
+  CHECK(back.to_json() == log.to_json());
+  using report::training_log;
+  CHECK(training_log::number(back.steps()[0], "grad_norm") == 2.0);
+  CHECK(training_log::number(back.steps()[1], "grad_norm") == inf);
+  CHECK(std::isnan(training_log::number(back.steps()[2], "loss")));
+  CHECK(training_log::number(back.run(), "lr_bound") == inf);
+  CHECK_THROWS_AS(training_log::number(back.steps()[2], "grad_norm"), json::error);  // null
+  CHECK_THROWS_AS(training_log::number(back.steps()[0], "lr"), json::error);         // missing
+  fs::remove_all(folder);
+}
+
+TEST_CASE("format_number: plain numbers, and the non-finite ones spelt alike") {
+  CHECK(report::format_number(2.31456) == "2.315");
+  CHECK(report::format_number(0.0003) == "0.0003");
+  CHECK(report::format_number(1234567.0) == "1.235e+06");
+  CHECK(report::format_number(65536.0, 8) == "65536");
+  CHECK(report::format_number(std::nan("")) == "nan");
+  CHECK(report::format_number(-std::nan("")) == "nan");  // no "-nan"
+  CHECK(report::format_number(std::numeric_limits<double>::infinity()) == "inf");
+  CHECK(report::format_number(-std::numeric_limits<double>::infinity()) == "-inf");
 }
 
 TEST_CASE("write_text_file_atomically replaces the whole file") {

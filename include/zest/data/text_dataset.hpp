@@ -54,10 +54,14 @@ class text_dataset {
  public:
   static constexpr std::string_view default_corpus = "/usr/share/common-licenses";
   static constexpr double default_validation_fraction = 0.1;
+  // The most text from_path reads: the dataset keeps the text and a 4-byte id per byte (5x
+  // the corpus in memory), and a device or a pipe (/dev/zero) would never end.
+  static constexpr std::size_t max_corpus_bytes = std::size_t{1} << 30;  // 1 GiB
 
   // Reads a file, or every regular file of a directory (not recursive, sorted by name,
   // symbolic links skipped). Throws std::runtime_error naming the path when it is missing,
-  // unreadable, or holds no text.
+  // unreadable, holds no text, or holds more than max_corpus_bytes (found while reading,
+  // so that a file without a size, such as a device, is bounded too).
   static text_dataset from_path(
       const std::filesystem::path& path = std::filesystem::path(default_corpus),
       double validation_fraction = default_validation_fraction) {
@@ -83,7 +87,7 @@ class text_dataset {
       files.push_back(path);
     }
     std::string text;
-    for (const auto& file : files) text += read_file(file);
+    for (const auto& file : files) read_file(file, text, path);
     if (text.empty()) {
       throw std::runtime_error(detail::message(
           "zest: text_dataset: corpus '", path.string(), "' is empty (", files.size(),
@@ -205,18 +209,36 @@ class text_dataset {
     train_size_ = tokens_.size() - std::min(validation_size, tokens_.size());
   }
 
-  static std::string read_file(const std::filesystem::path& file) {
+  // Appends the file to `text`, in blocks, refusing to go beyond max_corpus_bytes.
+  static void read_file(const std::filesystem::path& file, std::string& text,
+                        const std::filesystem::path& corpus) {
     std::ifstream in(file, std::ios::binary);
     if (!in) {
       throw std::runtime_error(
           detail::message("zest: text_dataset: cannot open '", file.string(), "'"));
     }
-    std::string s{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    const auto too_large = [&] {
+      throw std::runtime_error(detail::message("zest: text_dataset: corpus '", corpus.string(),
+                                               "' holds more than ", max_corpus_bytes >> 20,
+                                               " MiB, the most it reads (at '", file.string(),
+                                               "'); give a smaller text file or folder"));
+    };
+    std::error_code ec;
+    if (const auto size = std::filesystem::file_size(file, ec);
+        !ec && size > max_corpus_bytes - std::min(text.size(), max_corpus_bytes))
+      too_large();  // a regular file says its size: refused before reading
+    constexpr std::size_t block = std::size_t{1} << 20;
+    while (in) {
+      const std::size_t at = text.size();
+      text.resize(at + block);
+      in.read(text.data() + at, static_cast<std::streamsize>(block));
+      text.resize(at + static_cast<std::size_t>(in.gcount()));
+      if (text.size() > max_corpus_bytes) too_large();
+    }
     if (in.bad()) {
       throw std::runtime_error(
           detail::message("zest: text_dataset: error while reading '", file.string(), "'"));
     }
-    return s;
   }
 
   std::string source_;

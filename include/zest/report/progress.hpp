@@ -15,7 +15,9 @@
 //
 // format_bytes(1572864) == "1.50 MiB", format_count(12345) == "12.3k",
 // format_count(4.56e6) == "4.56M", format_duration(245) == "4m05s": three significant
-// digits (see each function), independent of the C locale.
+// digits (see each function), independent of the C locale. format_number(2.31456) == "2.315"
+// (a plain number to four significant digits). Every one of them spells a NaN "nan" and the
+// infinities "inf" and "-inf", whatever the sign bit of the NaN.
 #pragma once
 
 #include <sys/ioctl.h>
@@ -107,6 +109,18 @@ inline std::string format_duration(double seconds) {
   if (m < 24 * 60) return std::to_string(m / 60) + "h" + two(m % 60) + "m";
   const long long h = std::llround(seconds / 3600);
   return std::to_string(h / 24) + "d" + two(h % 24) + "h";
+}
+
+// A plain number, `significant` digits in the shortest of fixed and scientific form:
+// "2.315", "0.0003", "1.235e+06", "nan", "inf", "-inf".
+inline std::string format_number(double v, int significant = 4) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  char buf[64];
+  auto end = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general,
+                           std::clamp(significant, 1, 17))
+                 .ptr;
+  return std::string(buf, end);
 }
 
 // See the top of this header.
