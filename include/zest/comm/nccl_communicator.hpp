@@ -405,7 +405,8 @@ class nccl_core {
           nccl_check(async, nccl_name(c), name_, rank_, size_, comm_);
         }
         if (!block) return false;
-        if (checked() && nccl_clock::now() >= deadline) {
+        // ZEST_WATCHDOG_MS=0: no deadline (zest/comm/checked.hpp).
+        if (checked() && checked_mode().watchdog.count() > 0 && nccl_clock::now() >= deadline) {
           broken_ = message("the data transfer of ", nccl_name(c), " #", number,
                             " timed out; NCCL was aborted");
           static_cast<void>(ncclCommAbort(comm_));
