@@ -12,8 +12,14 @@
 // batches, initialisation and dropout are functions of the seed and the global indices.
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <exception>
+#include <fstream>
+#include <functional>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -33,6 +39,247 @@ extern template int train_with_precision<cpu_mesh, zest::float16>(const flags&, 
 
 // The policy-independent parts of a run (declared in train_gpt.hpp).
 
+// The options: each one's name, value, help text and range are defined once, in this
+// table; the parser and --help both read it.
+struct option {
+  std::string_view name;                              // "--dropout"
+  std::string_view value;                             // "X"; empty for a switch
+  std::string help;                                   // what it does
+  std::string limits;                                 // its range and default: "N >= 1 (10)"
+  std::function<void(flags&, std::string_view)> set;  // parses and checks the value
+};
+
+namespace detail {
+
+// Every refusal of the options reads "train_gpt: <why>".
+[[noreturn]] void fail(const std::string& why) { throw std::invalid_argument("train_gpt: " + why); }
+
+[[noreturn]] void refuse(std::string_view option, std::string_view text,
+                         std::string_view expected) {
+  fail(std::string(option) + " " + std::string(text) + ": expected " + std::string(expected));
+}
+
+template <class T>
+std::string number_text(T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return zest::report::format_number(static_cast<double>(v), 6);
+  } else {
+    return std::to_string(v);
+  }
+}
+
+// "N in 1..1048576", "N >= 1", "X in [0, 1)", "X > 0" (finite, for X).
+template <class T>
+std::string range_text(std::string_view value, T lo, T hi, bool lo_open, bool hi_open) {
+  const std::string v(value);
+  const bool unbounded = hi == std::numeric_limits<T>::max();
+  if constexpr (std::is_integral_v<T>) {
+    if (unbounded) return v + " >= " + number_text(lo);
+    if (hi == lo + 1) return v + " = " + number_text(lo) + " or " + number_text(hi);
+    return v + " in " + number_text(lo) + ".." + number_text(hi);
+  } else {
+    if (unbounded) return "finite " + v + (lo_open ? " > " : " >= ") + number_text(lo);
+    return v + " in " + (lo_open ? "(" : "[") + number_text(lo) + ", " + number_text(hi) +
+           (hi_open ? ")" : "]");
+  }
+}
+
+}  // namespace detail
+
+// A number in [lo, hi] (an end excluded when open; hi = max means none), finite.
+template <class T>
+option number_option(std::string_view name, std::string_view value, T flags::*member, T lo, T hi,
+                     std::string_view help, bool lo_open = false, bool hi_open = false,
+                     std::string default_text = {}) {
+  const std::string range = detail::range_text(value, lo, hi, lo_open, hi_open);
+  if (default_text.empty()) default_text = detail::number_text(flags{}.*member);
+  return {name, value, std::string(help), range + " (" + default_text + ")",
+          [=](flags& f, std::string_view text) {
+            T v{};
+            const char* end = text.data() + text.size();
+            const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+            if (ec != std::errc() || ptr != end || text.empty())
+              detail::refuse(name, "'" + std::string(text) + "'", "a number, " + range);
+            bool ok = v >= lo && v <= hi && !(lo_open && v == lo) && !(hi_open && v == hi);
+            if constexpr (std::is_floating_point_v<T>) ok = ok && std::isfinite(v);
+            if (!ok) detail::refuse(name, text, range);
+            f.*member = v;
+          }};
+}
+
+// A path (not empty).
+inline option path_option(std::string_view name, std::string_view value, std::string flags::*member,
+                          std::string_view help) {
+  return {name, value, std::string(help), "not empty", [=](flags& f, std::string_view text) {
+            if (text.empty()) detail::refuse(name, "''", "a path, not an empty word");
+            f.*member = text;
+          }};
+}
+
+// One of a few words.
+inline option choice_option(std::string_view name, std::string_view value,
+                            std::string flags::*member, std::vector<std::string> choices,
+                            std::string_view help) {
+  std::string list;
+  for (std::size_t i = 0; i < choices.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  return {name, value, std::string(help), list + " (" + flags{}.*member + ")",
+          [=](flags& f, std::string_view text) {
+            if (std::find(choices.begin(), choices.end(), text) == choices.end())
+              detail::refuse(name, "'" + std::string(text) + "'", list);
+            f.*member = text;
+          }};
+}
+
+inline option switch_option(std::string_view name, bool flags::*member, std::string_view help) {
+  return {name, "", std::string(help), "", [=](flags& f, std::string_view) { f.*member = true; }};
+}
+
+// Sizes are bounded so that the memory estimate (check_memory) never overflows; the
+// estimate then refuses what this machine cannot hold.
+inline constexpr std::size_t max_extent = std::size_t{1} << 20;
+inline constexpr std::size_t max_layers = std::size_t{1} << 30;
+
+inline const std::vector<option>& options() {
+  using zf = flags;
+  constexpr auto i64max = std::numeric_limits<std::int64_t>::max();
+  constexpr auto dmax = std::numeric_limits<double>::max();
+  static const std::vector<option> table = {
+      number_option<int>("--zero", "N", &zf::zero, 0, 3, "ZeRO stage: 0 (DDP), 1, 2 or 3"),
+      number_option<std::int64_t>("--steps", "N", &zf::steps, 0, i64max,
+                                  "train until step N, counted from the start of training"),
+      number_option<std::int64_t>(
+          "--schedule-steps", "N", &zf::schedule_steps, 1, i64max,
+          "length of the learning-rate schedule (warmup, then cosine to\n"
+          "--min-lr at step N); a checkpoint keeps it and --load continues it",
+          false, false, "--steps; with --load, the checkpoint's"),
+      number_option<std::uint64_t>("--seed", "N", &zf::seed, 0,
+                                   std::numeric_limits<std::uint64_t>::max(),
+                                   "initialisation, batches and dropout"),
+      number_option<std::size_t>("--batch", "N", &zf::batch, 1, max_extent,
+                                 "global batch in sequences, split over the ranks"),
+      number_option<std::size_t>("--context", "N", &zf::context, 1, max_extent, "sequence length"),
+      number_option<std::size_t>("--width", "N", &zf::width, 1, max_extent,
+                                 "model width, a multiple of --heads"),
+      number_option<std::size_t>("--layers", "N", &zf::layers, 1, max_layers, "transformer blocks"),
+      number_option<std::size_t>("--heads", "N", &zf::heads, 1, max_extent, "attention heads"),
+      number_option<double>("--lr", "X", &zf::lr, 0, dmax,
+                            "peak learning rate (warmup, then cosine to --min-lr)", true),
+      number_option<double>("--min-lr", "X", &zf::min_lr, 0, dmax,
+                            "final learning rate, at most --lr"),
+      number_option<std::int64_t>("--warmup", "N", &zf::warmup, 0, i64max,
+                                  "warmup steps (at most the schedule's length)"),
+      switch_option("--new-schedule", &zf::new_schedule,
+                    "with --load: follow this run's --lr, --min-lr, --warmup and\n"
+                    "--schedule-steps where they differ from the checkpoint's schedule\n"
+                    "(without it, a difference is refused)"),
+      number_option<double>("--dropout", "X", &zf::dropout, 0, 1, "dropout probability", false,
+                            true),
+      number_option<double>("--clip", "X", &zf::clip, 0, dmax,
+                            "global gradient-norm clipping, 0 for none"),
+      choice_option("--precision", "P", &zf::precision, {"fp32", "bf16", "fp16"},
+                    "bf16: bfloat16 parameters and gradients, fp32 master and Adam;\n"
+                    "fp16: float16, dynamic loss scaling"),
+      number_option<float>("--loss-scale", "X", &zf::loss_scale, 1,
+                           std::numeric_limits<float>::max(),
+                           "fp16: the loss scaler's first scale (halved at every\n"
+                           "overflow, doubled after 200 good steps)"),
+      choice_option("--device", "D", &zf::device, {"cpu", "cuda"},
+                    "cuda: one GPU per rank, NCCL (builds with CUDA)"),
+      path_option("--corpus", "PATH", &zf::corpus,
+                  "a text file or a folder of text files, at most 1 GiB\n"
+                  "(default /usr/share/common-licenses)"),
+      path_option("--log", "FILE", &zf::log,
+                  "the run as JSON: run settings and steps [{step, loss, ...}]\n"
+                  "(non-finite numbers as null, named in \"nonfinite\")"),
+      path_option("--plot", "FILE", &zf::plot, "the loss curve as SVG"),
+      path_option("--save", "DIR", &zf::save, "a sharded checkpoint at the end"),
+      path_option("--load", "DIR", &zf::load,
+                  "resume from a checkpoint (any number of ranks, any stage)"),
+      number_option<std::int64_t>("--sample", "N", &zf::sample, 0, 1000000,
+                                  "characters of generated text at the end, 0 for none"),
+      number_option<std::int64_t>("--print-every", "N", &zf::print_every, 1, i64max,
+                                  "a progress line every N steps when not on a terminal"),
+      switch_option("--moe", &zf::moe,
+                    "every other block's MLP becomes a GShard mixture of experts"),
+      number_option<std::size_t>("--experts", "N", &zf::experts, 1, 65536,
+                                 "--moe: experts per MoE layer, at least --top-k"),
+      number_option<int>("--top-k", "K", &zf::top_k, 1, 2, "--moe: 2 (GShard) or 1 (Switch)"),
+      number_option<double>("--capacity-factor", "F", &zf::capacity_factor, 0, dmax,
+                            "--moe: expert capacity factor", true),
+      number_option<double>("--aux-weight", "W", &zf::aux_weight, 0, dmax,
+                            "--moe: weight of the load-balancing loss"),
+      number_option<int>("--ep", "N", &zf::ep, 0, std::numeric_limits<int>::max(),
+                         "--moe: ranks of the expert axis, dividing the ranks and\n"
+                         "the experts; the data axis takes the rest (0: the largest such)"),
+      switch_option("--checked", &zf::checked,
+                    "checked mode (as ZEST_CHECKED=1): before every collective the\n"
+                    "ranks compare what they call, so a mismatch is an error naming\n"
+                    "the ranks, not wrong numbers or a hang"),
+      switch_option("--quiet", &zf::quiet, "no progress output"),
+  };
+  return table;
+}
+
+std::string usage() {
+  std::string u =
+      "usage: train_gpt [options]   (under mpiexec -n N for N data-parallel ranks)\n"
+      "\n"
+      "Trains a byte-level GPT on /usr/share/common-licenses (or --corpus) with ZeRO.\n"
+      "Every option is checked before the run starts: a value out of its range, an output\n"
+      "that cannot be written or a model this machine's memory cannot hold is refused.\n"
+      "\n";
+  // "  --name V" in 22 columns, the help beside it, the limits after it (on a line of their
+  // own when the help's last line has no room for them).
+  constexpr std::size_t column = 22, width = 92;
+  const std::string indent(column, ' ');
+  const auto line = [&](std::string left, const std::string& help, const std::string& limits) {
+    left = "  " + left;
+    left += left.size() < column ? std::string(column - left.size(), ' ') : " ";
+    std::string text;
+    for (char c : help) text += c == '\n' ? "\n" + indent : std::string(1, c);
+    if (!limits.empty()) {
+      const std::size_t last = text.size() - std::min(text.size(), text.rfind('\n') + 1);
+      text += column + last + 2 + limits.size() <= width ? "; " + limits : "\n" + indent + limits;
+    }
+    u += left + text + "\n";
+  };
+  for (const auto& o : options())
+    line(std::string(o.name) + (o.value.empty() ? "" : " " + std::string(o.value)), o.help,
+         o.limits);
+  line("--help", "this text", "");
+  return u;
+}
+
+std::optional<flags> parse(int argc, char** argv) {
+  flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") return std::nullopt;
+    const auto& table = options();
+    const auto o =
+        std::find_if(table.begin(), table.end(), [&](const option& x) { return x.name == a; });
+    if (o == table.end()) {
+      if (!a.starts_with("-"))
+        throw std::invalid_argument("train_gpt: unexpected argument '" + std::string(a) +
+                                    "' (options start with --; see --help)");
+      throw std::invalid_argument("train_gpt: unknown option " + std::string(a) + " (see --help)");
+    }
+    if (f.was_given(a))
+      throw std::invalid_argument("train_gpt: " + std::string(a) + " is given twice");
+    f.given.emplace_back(a);
+    if (o->value.empty()) {
+      o->set(f, {});
+      continue;
+    }
+    if (i + 1 >= argc || std::string_view(argv[i + 1]).starts_with("--"))
+      throw std::invalid_argument("train_gpt: " + std::string(a) + " needs a value (" +
+                                  std::string(o->value) + ")");
+    o->set(f, argv[++i]);
+  }
+  return f;
+}
+
 void print_header(const flags& f, const zest::text_dataset& data, std::size_t vocab,
                   std::size_t params, const std::string& mesh, std::size_t moe_layers,
                   std::int64_t model_state_bytes, double planner_bytes, double entropy) {
@@ -51,16 +298,20 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
   // The planner's model has every parameter replicated off the data axis (no experts).
   if (!f.moe) std::cout << " (planner: " << zest::report::format_bytes(planner_bytes) << ")";
   std::cout << "; unigram entropy of the text " << entropy << " nats\n";
+  if (zest::checked_mode().enabled)
+    std::cout << "checked mode: on (every collective compared across the ranks first)\n";
 }
 
 zest::report::training_log start_log(const flags& f, std::size_t vocab, const std::string& mesh,
                                      std::size_t params, double entropy,
-                                     std::int64_t model_state_bytes) {
+                                     std::int64_t model_state_bytes, std::int64_t step) {
   zest::report::training_log log;
   if (!f.log.empty() && !f.load.empty() && std::filesystem::exists(f.log)) {
     log = zest::report::training_log::read(f.log);
+    log.drop_steps_after(step);
   }
   log.set("config", config_json(f, vocab));
+  log.set("schedule", schedule_json(schedule_of(f)));
   log.set("zero_stage", static_cast<std::int64_t>(f.zero));
   log.set("precision", f.precision);
   log.set("mesh", mesh);
@@ -99,18 +350,41 @@ std::string progress_text(const zest::train_step_result& r, double tokens_per_st
                           std::int64_t model_state_bytes, const moe_figures* moe) {
   std::ostringstream line;
   line.precision(4);
-  line << "loss " << r.loss << "  " << zest::report::format_count(tokens_per_step / r.seconds)
-       << " tok/s  states " << zest::report::format_bytes(static_cast<double>(model_state_bytes))
-       << "  peak " << zest::report::format_bytes(static_cast<double>(r.peak_bytes)) << "  sent "
+  line << "loss " << zest::report::format_number(r.loss) << "  "
+       << zest::report::format_count(tokens_per_step / r.seconds) << " tok/s  states "
+       << zest::report::format_bytes(static_cast<double>(model_state_bytes)) << "  peak "
+       << zest::report::format_bytes(static_cast<double>(r.peak_bytes)) << "  sent "
        << zest::report::format_bytes(static_cast<double>(r.traffic.bytes_sent())) << "/step";
   if (moe) {
     const auto [lo, hi] =
         std::minmax_element(moe->tokens_per_expert.begin(), moe->tokens_per_expert.end());
-    line << "  aux " << moe->aux_loss << "  dropped " << 100 * moe->dropped_fraction
-         << "%  experts max/min " << *hi << "/" << *lo << " tok";
+    line << "  aux " << zest::report::format_number(moe->aux_loss) << "  dropped "
+         << zest::report::format_number(100 * moe->dropped_fraction) << "%  experts max/min " << *hi
+         << "/" << *lo << " tok";
   }
-  if (!r.report.applied) line << "  (skipped: inf/nan, scale " << r.report.loss_scale << ")";
+  if (!r.report.applied)
+    line << "  (skipped: inf/nan gradients at loss scale "
+         << zest::report::format_number(r.report.loss_scale, 8) << ")";
+  else if (!std::isfinite(r.report.grad_norm))
+    line << "  (gradient norm " << zest::report::format_number(r.report.grad_norm) << ")";
   return line.str();
+}
+
+std::string divergence(std::int64_t step, const zest::train_step_result& r, bool loss_scaling,
+                       float min_loss_scale) {
+  using zest::report::format_number;
+  const std::string at = "train_gpt: training diverged at step " + std::to_string(step + 1) +
+                         ": loss " + format_number(r.loss, 6) + ", gradient norm " +
+                         format_number(r.report.grad_norm, 6) + ", lr " +
+                         format_number(r.report.lr, 6);
+  if (!std::isfinite(r.loss))
+    return at + " (the forward pass is no longer finite; try a smaller --lr, or --clip)";
+  if (!loss_scaling && !std::isfinite(r.report.grad_norm))
+    return at + " (non-finite gradients reached the parameters; try a smaller --lr, or --clip)";
+  if (loss_scaling && !r.report.applied && r.report.loss_scale <= min_loss_scale)
+    return at + " (the gradients overflow even at the smallest loss scale, " +
+           format_number(min_loss_scale) + "; try a smaller --lr, or --precision bf16)";
+  return {};
 }
 
 std::int32_t draw_next(const std::vector<float>& all, std::size_t at, std::size_t vocab,
@@ -127,14 +401,19 @@ void finish_run(const flags& f, zest::report::training_log& log, const std::stri
                 double last_loss, double entropy, std::int64_t trained, double seconds,
                 double tokens_per_step, const std::string& sample) {
   if (!f.quiet) {
-    std::cout << "final loss " << last_loss << " nats (unigram entropy " << entropy << "), "
-              << trained << " steps in " << zest::report::format_duration(seconds) << ", "
-              << zest::report::format_count(
-                     trained > 0 ? tokens_per_step * static_cast<double>(trained) / seconds : 0)
-              << " tok/s\n";
+    if (trained == 0) {
+      std::cout << "no steps trained (--steps " << f.steps << ")\n";
+    } else {
+      std::cout << "final loss " << zest::report::format_number(last_loss)
+                << " nats (unigram entropy " << zest::report::format_number(entropy) << "), "
+                << trained << " steps in " << zest::report::format_duration(seconds) << ", "
+                << zest::report::format_count(tokens_per_step * static_cast<double>(trained) /
+                                              seconds)
+                << " tok/s\n";
+    }
     if (!sample.empty()) std::cout << "sample:\n" << sample << "\n";
   }
-  log.set_summary("final_loss", last_loss);
+  if (trained > 0) log.set_summary("final_loss", last_loss);  // no entry: no step trained
   log.set_summary("steps_trained", trained);
   log.set_summary("seconds", seconds);
   if (!sample.empty()) log.set_summary("sample", sample);
@@ -144,12 +423,18 @@ void finish_run(const flags& f, zest::report::training_log& log, const std::stri
     zest::report::series aux{"aux loss (right axis)", {}, {}};
     aux.secondary_axis = true;
     const auto j = log.to_json();
+    using zest::report::training_log;
     for (const auto& s : j["steps"].as_array()) {
-      loss.x.push_back(s["step"].as_number());
-      loss.y.push_back(s["loss"].as_number());
-      if (const auto* a = s.find("aux_loss")) {
-        aux.x.push_back(s["step"].as_number());
-        aux.y.push_back(a->as_number());
+      // A non-finite loss is a gap in the curve.
+      if (const double y = training_log::number(s, "loss"); std::isfinite(y)) {
+        loss.x.push_back(s["step"].as_number());
+        loss.y.push_back(y);
+      }
+      if (s.contains("aux_loss")) {
+        if (const double a = training_log::number(s, "aux_loss"); std::isfinite(a)) {
+          aux.x.push_back(s["step"].as_number());
+          aux.y.push_back(a);
+        }
       }
     }
     zest::report::plot_options po;
@@ -163,6 +448,230 @@ void finish_run(const flags& f, zest::report::training_log& log, const std::stri
     }
     zest::write_text_file_atomically(f.plot, zest::report::svg_line_plot(curves, po));
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks before any work (declared in train_gpt.hpp).
+
+namespace {
+
+using detail::fail;
+
+// An output `path` (a file, or with `folder` a checkpoint folder) that can be written: not
+// an existing entry of the other kind, and its nearest existing ancestor a folder this
+// process may create entries in (missing folders are created when written).
+void check_writable(std::string_view option, const std::filesystem::path& path, bool folder) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  const std::string named = std::string(option) + " " + path.string();
+  if (fs::exists(st)) {
+    if (folder && !fs::is_directory(st)) fail(named + ": it exists and is not a folder");
+    if (!folder && fs::is_directory(st)) fail(named + ": it is a folder, not a file");
+    if (folder) {
+      if (::access(path.c_str(), W_OK | X_OK) != 0)
+        fail(named + ": the folder is not writable (" + std::strerror(errno) + ")");
+      return;
+    }
+  }
+  fs::path up = fs::absolute(path, ec).parent_path();
+  while (!up.empty() && !fs::exists(fs::status(up, ec)) && up != up.root_path())
+    up = up.parent_path();
+  if (!fs::is_directory(fs::status(up, ec)))
+    fail(named + ": " + up.string() + " is not a folder, so the " + (folder ? "folder" : "file") +
+         " cannot be created");
+  if (::access(up.c_str(), W_OK | X_OK) != 0)
+    fail(named + ": cannot create entries in " + up.string() + " (" + std::strerror(errno) + ")");
+}
+
+// The machine's memory: the smaller of its RAM and the cgroup's limit, if any.
+double machine_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  double bytes = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page)
+                                       : std::numeric_limits<double>::infinity();
+  for (const char* limit :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(limit);
+    double v = 0;
+    if (in >> v && v > 0) bytes = std::min(bytes, v);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+void check_run(const flags& f, int world, int ranks_here) {
+  if (f.width % f.heads != 0)
+    fail("--width " + std::to_string(f.width) + " is not a multiple of --heads " +
+         std::to_string(f.heads));
+  if (f.min_lr > f.lr)
+    fail("--min-lr " + zest::report::format_number(f.min_lr, 6) + " exceeds --lr " +
+         zest::report::format_number(f.lr, 6));
+  if (f.schedule_steps > 0 && f.warmup > f.schedule_steps && f.was_given("--warmup"))
+    fail("--warmup " + std::to_string(f.warmup) + " exceeds --schedule-steps " +
+         std::to_string(f.schedule_steps));
+  if (f.new_schedule && f.load.empty()) fail("--new-schedule applies to runs with --load");
+  if (f.was_given("--loss-scale") && f.precision != "fp16")
+    fail("--loss-scale applies to --precision fp16 (this run is " + f.precision + ")");
+  if (f.device == "cuda" && f.precision == "fp16")
+    fail("--device cuda trains in fp32 or bf16 (--precision fp16 runs on the CPU)");
+  if (!f.moe) {
+    for (const char* o : {"--experts", "--top-k", "--capacity-factor", "--aux-weight", "--ep"})
+      if (f.was_given(o)) fail(std::string(o) + " applies to --moe runs only");
+  } else if (f.experts < static_cast<std::size_t>(f.top_k)) {
+    fail("--experts " + std::to_string(f.experts) + " is fewer than --top-k " +
+         std::to_string(f.top_k));
+  }
+  if (!f.log.empty()) check_writable("--log", f.log, false);
+  if (!f.plot.empty()) check_writable("--plot", f.plot, false);
+  if (!f.save.empty()) check_writable("--save", f.save, true);
+  if (f.ep > 0 && world % f.ep != 0)
+    fail("--ep " + std::to_string(f.ep) + " does not divide the " + std::to_string(world) +
+         " ranks");
+  if (f.moe && f.ep > 0 && f.experts % static_cast<std::size_t>(f.ep) != 0)
+    fail("--ep " + std::to_string(f.ep) + " does not divide --experts " +
+         std::to_string(f.experts));
+  check_memory(f, mesh_sizes(f, world), ranks_here);
+}
+
+std::array<int, 2> mesh_sizes(const flags& f, int world) {
+  int ep = f.ep;
+  if (ep == 0) {
+    ep = 1;
+    if (f.moe) {
+      for (int d = 1; d <= world; ++d) {
+        if (world % d == 0 && f.experts % static_cast<std::size_t>(d) == 0) ep = d;
+      }
+    }
+  }
+  return {world / ep, ep};
+}
+
+memory_need estimate_memory(const flags& f, std::array<int, 2> sizes) {
+  memory_need m;
+  const zest::mesh_shape<"dp", "ep"> mesh(sizes);  // rank 0: the one that holds the most
+  const zest::training_precision& precision =
+      f.precision == "fp32" ? zest::fp32_adam : zest::mixed_precision_adam;
+  // The planner's figure is a sum over parameters, and the blocks are alike: plan one and
+  // two blocks, and take the model of `layers` blocks from them (the largest byte vocabulary,
+  // 256, stands for the corpus's, not read yet).
+  const auto plan_of = [&](std::size_t layers) {
+    zest::gpt_config c;
+    c.vocab = 256;
+    c.context = f.context;
+    c.width = f.width;
+    c.layers = layers;
+    c.tied_output = false;  // zest::gpt has its own lm_head
+    return static_cast<double>(
+        zest::plan_zero(f.zero, zest::gpt_model(c), mesh, precision).memory.total());
+  };
+  const double one = plan_of(1);
+  const double per_block = plan_of(2) - one;
+  const double layers = static_cast<double>(f.layers);
+  m.model_states = one + (layers - 1) * per_block;
+  const double w = static_cast<double>(f.width);
+  const double hidden = 4 * w;
+  const double moe_layers = f.moe ? std::floor(layers / 2) : 0;
+  if (f.moe) {
+    // Each rank of the expert axis holds its experts whole (an upper bound: the data axis
+    // may shard them further).
+    const double experts_here = std::ceil(static_cast<double>(f.experts) / sizes[1]);
+    const double bytes_per_parameter =
+        static_cast<double>(precision.parameter_bytes + precision.gradient_bytes + precision.k());
+    m.model_states +=
+        moe_layers *
+        (experts_here * (2 * w * hidden + hidden + w) + w * static_cast<double>(f.experts)) *
+        bytes_per_parameter;
+  }
+  // Activations: what the tape keeps per token and block (the block's inputs, normalised
+  // inputs, q, k, v, attention output and projection, the MLP's hidden layer before and
+  // after its activation: about 18 widths) and the attention's scores and weights (2 heads
+  // x context), the logits and their softmax (3 x vocab), in fp32, and as much again for
+  // their gradients in backward.
+  const double tokens = std::ceil(static_cast<double>(f.batch) / (sizes[0] * sizes[1])) *
+                        static_cast<double>(f.context);
+  double per_token =
+      layers * (18 * w + 2 * static_cast<double>(f.heads) * static_cast<double>(f.context)) +
+      3 * 256;
+  if (f.moe) per_token += moe_layers * 2 * hidden * f.top_k * f.capacity_factor;
+  m.activations = 2 * 4 * tokens * per_token;
+  // Every parameter tensor's bookkeeping (names, shards, Adam state, buffers): about 1 KiB.
+  m.bookkeeping = 1024.0 * (5 + 12 * layers);
+  return m;
+}
+
+void check_memory(const flags& f, std::array<int, 2> sizes, int ranks_here) {
+  const memory_need m = estimate_memory(f, sizes);
+  const double available = machine_memory_bytes();
+  const double need = m.total() * ranks_here;
+  if (need <= available) return;
+  using zest::report::format_bytes;
+  std::string culprit;
+  if (m.model_states >= m.activations && m.model_states >= m.bookkeeping) {
+    culprit = "model states (--width " + std::to_string(f.width) + ", --layers " +
+              std::to_string(f.layers) +
+              (f.moe ? ", --experts " + std::to_string(f.experts) : std::string()) + ")";
+  } else if (m.activations >= m.bookkeeping) {
+    culprit = "activations (--batch " + std::to_string(f.batch) + ", --context " +
+              std::to_string(f.context) + ", --width " + std::to_string(f.width) + ", --layers " +
+              std::to_string(f.layers) + ")";
+  } else {
+    culprit = "the parameters' bookkeeping (--layers " + std::to_string(f.layers) + ")";
+  }
+  fail("this run needs about " + format_bytes(m.total()) + " per rank (model states " +
+       format_bytes(m.model_states) + " by the ZeRO-" + std::to_string(f.zero) +
+       " planner, activations " + format_bytes(m.activations) + ", bookkeeping " +
+       format_bytes(m.bookkeeping) + "), " + format_bytes(need) + " for the " +
+       std::to_string(ranks_here) + (ranks_here == 1 ? " rank" : " ranks") +
+       " on this machine, more than its " + format_bytes(available) + " of memory; the most is " +
+       culprit);
+}
+
+void resolve_schedule(flags& f, const zest::json::value* saved, bool root) {
+  if (f.schedule_steps == 0) f.schedule_steps = std::max<std::int64_t>(f.steps, 1);
+  if (saved == nullptr || !saved->is_object()) return;
+  const zest::warmup_cosine before = {
+      (*saved)["peak_lr"].as_number(), (*saved)["min_lr"].as_number(),
+      (*saved)["warmup_steps"].as_int(), (*saved)["total_steps"].as_int()};
+  struct field {
+    const char* option;
+    std::string saved_text;
+    bool differs;
+    std::function<void()> take_saved;
+  };
+  const auto text = [](double v) { return zest::report::format_number(v, 17); };
+  // The checkpoint's warmup is already clamped to its length; so is this run's.
+  const std::int64_t warmup_now = std::min(f.warmup, f.schedule_steps);
+  std::vector<field> fields = {
+      {"--lr", text(before.peak_lr), f.lr != before.peak_lr, [&] { f.lr = before.peak_lr; }},
+      {"--min-lr", text(before.min_lr), f.min_lr != before.min_lr,
+       [&] { f.min_lr = before.min_lr; }},
+      {"--schedule-steps", std::to_string(before.total_steps),
+       f.schedule_steps != before.total_steps, [&] { f.schedule_steps = before.total_steps; }},
+      {"--warmup", std::to_string(before.warmup_steps), warmup_now != before.warmup_steps,
+       [&] { f.warmup = before.warmup_steps; }},
+  };
+  std::string changed;
+  for (auto& x : fields) {
+    if (!f.was_given(x.option)) {
+      x.take_saved();
+    } else if (x.differs) {
+      if (!f.new_schedule)
+        fail(std::string(x.option) + " differs from the learning-rate schedule of checkpoint " +
+             f.load + " (" + x.option + " " + x.saved_text +
+             "); a resumed run continues its checkpoint's schedule: leave the option out, or "
+             "add --new-schedule to follow the new value");
+      changed += std::string(changed.empty() ? "" : ", ") + x.option + " " + x.saved_text + " -> ";
+      changed += x.option == std::string_view("--lr")       ? text(f.lr)
+                 : x.option == std::string_view("--min-lr") ? text(f.min_lr)
+                 : x.option == std::string_view("--warmup") ? std::to_string(f.warmup)
+                                                            : std::to_string(f.schedule_steps);
+    }
+  }
+  if (root && !changed.empty())
+    std::cout << "note: --new-schedule: the learning-rate schedule of " << f.load
+              << " changes: " << changed << '\n';
 }
 }  // namespace train_gpt_example
 
@@ -181,31 +690,38 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
-    const auto f = parse(argc, argv);
-    if (!f) {
-      if (rank == 0) std::cout << usage;
+    const auto parsed = parse(argc, argv);
+    if (!parsed) {
+      if (rank == 0) std::cout << usage();
       return 0;
     }
+    flags f = *parsed;
+    // Before any mesh or collective of zest's.
+    if (f.checked) zest::set_checked_mode(true);
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    int ep = f->ep;
-    if (ep == 0) {
-      ep = 1;
-      if (f->moe) {
-        for (int d = 1; d <= world; ++d) {
-          if (world % d == 0 && f->experts % static_cast<std::size_t>(d) == 0) ep = d;
-        }
-      }
+    // The ranks on this machine (they share its memory).
+    MPI_Comm here = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &here);
+    int ranks_here = 1;
+    MPI_Comm_size(here, &ranks_here);
+    MPI_Comm_free(&here);
+    // Everything that can be checked before the work: the options, the outputs, the memory,
+    // and the checkpoint's manifest and schedule.
+    check_run(f, world, ranks_here);
+    std::optional<zest::io::checkpoint_info> resumed;
+    if (!f.load.empty()) resumed = zest::io::read_checkpoint_info(f.load);
+    const zest::json::value* saved_schedule = nullptr;
+    if (resumed && resumed->metadata.is_object()) {
+      if (const auto* config = resumed->metadata.find("config"))
+        saved_schedule = config->find("schedule");
     }
-    if (world % ep != 0) {
-      throw std::invalid_argument("train_gpt: --ep " + std::to_string(ep) +
-                                  " does not divide the " + std::to_string(world) + " ranks");
-    }
-    const std::array<int, 2> sizes{world / ep, ep};
-    const auto data = f->corpus.empty() ? zest::text_dataset::from_path()
-                                        : zest::text_dataset::from_path(f->corpus);
-    if (f->device == "cuda") return train_on_cuda(*f, data, sizes);
-    return train_on<cpu_mesh, zest::float16>(*f, data, sizes);
+    resolve_schedule(f, saved_schedule, rank == 0);
+    const std::array<int, 2> sizes = mesh_sizes(f, world);
+    const auto data = f.corpus.empty() ? zest::text_dataset::from_path()
+                                       : zest::text_dataset::from_path(f.corpus);
+    if (f.device == "cuda") return train_on_cuda(f, data, sizes);
+    return train_on<cpu_mesh, zest::float16>(f, data, sizes);
   } catch (const std::exception& e) {
     // An error that only this rank saw (a bad token id in its shard, a full disk) would
     // leave the others waiting in a collective: take the whole job down, but only once

@@ -14,6 +14,7 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -22,11 +23,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "zest/comm/checked.hpp"
 #include "zest/comm/mpi_environment.hpp"
 #include "zest/core/json.hpp"
 #include "zest/core/memory.hpp"
 #include "zest/data/batches.hpp"
 #include "zest/data/text_dataset.hpp"
+#include "zest/io/checkpoint.hpp"
 #include "zest/mesh/mesh.hpp"
 #include "zest/nn/gpt.hpp"
 #include "zest/optim/schedule.hpp"
@@ -46,6 +49,7 @@ using token_layout = zest::layout<zest::split<'b', "dp", "ep">>;
 struct flags {
   int zero = 3;
   std::int64_t steps = 300;
+  std::int64_t schedule_steps = 0;  // 0 on the command line: --steps (resolve_schedule)
   std::uint64_t seed = 1234;
   std::size_t batch = 16;  // global, split over the ranks
   std::size_t context = 64;
@@ -55,15 +59,18 @@ struct flags {
   double lr = 3e-3;
   double min_lr = 3e-4;
   std::int64_t warmup = 20;
+  bool new_schedule = false;
   double dropout = 0;
   double clip = 1.0;
   std::string precision = "fp32";
+  float loss_scale = 65536.0F;  // fp16: the loss scaler's first scale
   std::string device = "cpu";
   std::string corpus;
   std::string log, plot, save, load;
   std::int64_t sample = 300;
   std::int64_t print_every = 10;
   bool quiet = false;
+  bool checked = false;
   // Mixture of experts.
   bool moe = false;
   std::size_t experts = 4;
@@ -71,123 +78,38 @@ struct flags {
   double capacity_factor = 1.25;
   double aux_weight = 0.01;
   int ep = 0;  // 0: as many as the experts and ranks allow
+
+  std::vector<std::string> given;  // the options on the command line
+  bool was_given(std::string_view option) const {
+    return std::find(given.begin(), given.end(), option) != given.end();
+  }
 };
 
-inline constexpr std::string_view usage =
-    "usage: train_gpt [options]   (under mpiexec -n N for N data-parallel ranks)\n"
-    "\n"
-    "Trains a byte-level GPT on /usr/share/common-licenses (or --corpus) with ZeRO.\n"
-    "\n"
-    "  --zero N          ZeRO stage 0 (DDP), 1, 2 or 3 (default 3)\n"
-    "  --steps N         train until step N, counted from the start of training (300)\n"
-    "  --seed N          initialisation, batches and dropout (1234)\n"
-    "  --batch N         global batch in sequences, split over the ranks (16)\n"
-    "  --context N       sequence length (64)\n"
-    "  --width N         model width (128)\n"
-    "  --layers N        transformer blocks (4)\n"
-    "  --heads N         attention heads (4)\n"
-    "  --lr X            peak learning rate (3e-3), warmup + cosine to --min-lr (3e-4)\n"
-    "  --warmup N        warmup steps (20)\n"
-    "  --dropout X       dropout probability (0)\n"
-    "  --clip X          global gradient-norm clipping, 0 for none (1.0)\n"
-    "  --precision P     fp32, bf16 (bfloat16 parameters and gradients, fp32 master and\n"
-    "                    Adam) or fp16 (float16, dynamic loss scaling) (fp32)\n"
-    "  --device D        cpu, or cuda: one GPU per rank, NCCL (builds with CUDA)\n"
-    "  --corpus PATH     a text file or a folder of text files\n"
-    "  --log FILE        the run as JSON: run settings and steps [{step, loss, ...}]\n"
-    "  --plot FILE       the loss curve as SVG\n"
-    "  --save DIR        a sharded checkpoint at the end\n"
-    "  --load DIR        resume from a checkpoint (any number of ranks, any stage)\n"
-    "  --sample N        characters of generated text at the end (300; 0 for none)\n"
-    "  --print-every N   progress lines when not on a terminal (10)\n"
-    "  --moe             every other block's MLP becomes a GShard mixture of experts\n"
-    "  --experts N       experts per MoE layer (4)\n"
-    "  --top-k K         2 (GShard) or 1 (Switch) (2)\n"
-    "  --capacity-factor F  expert capacity factor (1.25)\n"
-    "  --aux-weight W    weight of the load-balancing loss (0.01)\n"
-    "  --ep N            ranks of the expert axis; the data axis takes the rest\n"
-    "                    (default: the largest divisor of both the ranks and the experts)\n"
-    "  --quiet           no progress output\n"
-    "  --help            this text\n";
+// --help: every option with its range and default (train_gpt.cpp holds the table of
+// options that both parse() and usage() read).
+std::string usage();
 
-template <class T>
-T parse_number(std::string_view flag, std::string_view text) {
-  T value{};
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc() || ptr != end) {
-    throw std::invalid_argument("train_gpt: " + std::string(flag) + " takes a number, not '" +
-                                std::string(text) + "'");
-  }
-  return value;
+// The options as given; std::nullopt for --help. Throws std::invalid_argument naming the
+// option (or the word) at fault: unknown, given twice, without its value, out of its range.
+// Checks that need the ranks, the corpus or the files are check_run's.
+std::optional<flags> parse(int argc, char** argv);
+
+// The learning-rate schedule of the run (after resolve_schedule).
+inline zest::warmup_cosine schedule_of(const flags& f) {
+  return {f.lr, f.min_lr, std::min(f.warmup, f.schedule_steps), f.schedule_steps};
 }
 
-inline std::optional<flags> parse(int argc, char** argv) {
-  flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    if (a == "--help" || a == "-h") return std::nullopt;
-    if (a == "--quiet") {
-      f.quiet = true;
-      continue;
-    }
-    if (a == "--moe") {
-      f.moe = true;
-      continue;
-    }
-    if (i + 1 >= argc)
-      throw std::invalid_argument("train_gpt: " + std::string(a) + " needs a value");
-    const std::string_view v = argv[++i];
-    if (a == "--zero") f.zero = parse_number<int>(a, v);
-    else if (a == "--steps") f.steps = parse_number<std::int64_t>(a, v);
-    else if (a == "--seed") f.seed = parse_number<std::uint64_t>(a, v);
-    else if (a == "--batch") f.batch = parse_number<std::size_t>(a, v);
-    else if (a == "--context") f.context = parse_number<std::size_t>(a, v);
-    else if (a == "--width") f.width = parse_number<std::size_t>(a, v);
-    else if (a == "--layers") f.layers = parse_number<std::size_t>(a, v);
-    else if (a == "--heads") f.heads = parse_number<std::size_t>(a, v);
-    else if (a == "--lr") f.lr = parse_number<double>(a, v);
-    else if (a == "--min-lr") f.min_lr = parse_number<double>(a, v);
-    else if (a == "--warmup") f.warmup = parse_number<std::int64_t>(a, v);
-    else if (a == "--dropout") f.dropout = parse_number<double>(a, v);
-    else if (a == "--clip") f.clip = parse_number<double>(a, v);
-    else if (a == "--precision") f.precision = v;
-    else if (a == "--device") f.device = v;
-    else if (a == "--corpus") f.corpus = v;
-    else if (a == "--log") f.log = v;
-    else if (a == "--plot") f.plot = v;
-    else if (a == "--save") f.save = v;
-    else if (a == "--load") f.load = v;
-    else if (a == "--sample") f.sample = parse_number<std::int64_t>(a, v);
-    else if (a == "--print-every") f.print_every = parse_number<std::int64_t>(a, v);
-    else if (a == "--experts") f.experts = parse_number<std::size_t>(a, v);
-    else if (a == "--top-k") f.top_k = parse_number<int>(a, v);
-    else if (a == "--capacity-factor") f.capacity_factor = parse_number<double>(a, v);
-    else if (a == "--aux-weight") f.aux_weight = parse_number<double>(a, v);
-    else if (a == "--ep") f.ep = parse_number<int>(a, v);
-    else
-      throw std::invalid_argument("train_gpt: unknown option " + std::string(a) + " (see --help)");
-  }
-  if (f.zero < 0 || f.zero > 3) throw std::invalid_argument("train_gpt: --zero takes 0, 1, 2 or 3");
-  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16") {
-    throw std::invalid_argument("train_gpt: --precision takes fp32, bf16 or fp16");
-  }
-  if (f.device != "cpu" && f.device != "cuda") {
-    throw std::invalid_argument("train_gpt: --device takes cpu or cuda");
-  }
-  if (f.device == "cuda" && f.precision == "fp16") {
-    throw std::invalid_argument(
-        "train_gpt: --device cuda trains in fp32 or bf16 (--precision fp16 runs on the CPU)");
-  }
-  if (f.top_k != 1 && f.top_k != 2) throw std::invalid_argument("train_gpt: --top-k takes 1 or 2");
-  if (f.ep < 0) throw std::invalid_argument("train_gpt: --ep takes a positive number");
-  if (f.steps < 0 || f.batch == 0 || f.context == 0 || f.width == 0 || f.layers == 0) {
-    throw std::invalid_argument(
-        "train_gpt: --steps, --batch, --context, --width and --layers must be positive");
-  }
-  return f;
+inline zest::json::value schedule_json(const zest::warmup_cosine& s) {
+  zest::json::object j;
+  j.emplace_back("peak_lr", s.peak_lr);
+  j.emplace_back("min_lr", s.min_lr);
+  j.emplace_back("warmup_steps", s.warmup_steps);
+  j.emplace_back("total_steps", s.total_steps);
+  return j;
 }
 
+// The model and data settings a checkpoint is compared with on load (the schedule is kept
+// beside them, in the checkpoint's metadata "schedule": resolve_schedule reads it).
 inline zest::json::value config_json(const flags& f, std::size_t vocab) {
   zest::json::object c;
   c.emplace_back("vocab", static_cast<std::int64_t>(vocab));
@@ -223,10 +145,39 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
                   std::size_t params, const std::string& mesh, std::size_t moe_layers,
                   std::int64_t model_state_bytes, double planner_bytes, double entropy);
 
-// The run's settings in the log (a resumed run appends to the log it continues).
+// The checks of a run before any work, once parse() has read the options and before the
+// corpus is read or a mesh made: the options' agreement with each other and with the `world`
+// ranks, the outputs writable, and the memory the run needs (check_memory) for the
+// `ranks_here` ranks on this machine. Throws std::invalid_argument naming the options.
+void check_run(const flags& f, int world, int ranks_here);
+
+// The mesh's sizes {dp, ep} for `world` ranks (--ep, or its default).
+std::array<int, 2> mesh_sizes(const flags& f, int world);
+
+// What a run needs per rank, estimated before anything is allocated: the model states by
+// the ZeRO planner (zest::plan_zero, for the largest byte vocabulary), the activations of
+// the tape (forward values and their gradients, fp32) and each parameter tensor's
+// bookkeeping.
+struct memory_need {
+  double model_states = 0, activations = 0, bookkeeping = 0;
+  double total() const { return model_states + activations + bookkeeping; }
+};
+memory_need estimate_memory(const flags& f, std::array<int, 2> sizes);
+// Throws std::invalid_argument, with the figures and the options behind the largest, when
+// `ranks_here` times the need exceeds the machine's memory (RAM, or the cgroup's limit).
+void check_memory(const flags& f, std::array<int, 2> sizes, int ranks_here);
+
+// Sets the schedule's length (--schedule-steps, default --steps) and, when resuming, takes
+// the checkpoint's schedule (`saved`: its metadata config's "schedule", or nullptr) for the
+// options not given; a given one that differs is refused unless --new-schedule, which
+// follows it and says so (on `root`).
+void resolve_schedule(flags& f, const zest::json::value* saved, bool root);
+
+// The run's settings in the log. A resumed run (--load) appends to the log it continues,
+// after dropping the steps that log has beyond the checkpoint's `step`.
 zest::report::training_log start_log(const flags& f, std::size_t vocab, const std::string& mesh,
                                      std::size_t params, double entropy,
-                                     std::int64_t model_state_bytes);
+                                     std::int64_t model_state_bytes, std::int64_t step);
 
 // A step's entry in the log.
 zest::json::value step_record(std::int64_t step, const zest::train_step_result& r,
@@ -235,6 +186,13 @@ zest::json::value step_record(std::int64_t step, const zest::train_step_result& 
 // A step's progress line.
 std::string progress_text(const zest::train_step_result& r, double tokens_per_step,
                           std::int64_t model_state_bytes, const moe_figures* moe);
+
+// Whether a step's figures mean that training cannot go on, and why ("" when it can): a
+// non-finite loss (the forward pass overflowed; no loss scale changes that), non-finite
+// gradients applied to the parameters (without loss scaling), or gradients that overflow
+// at the smallest loss scale (`min_loss_scale`, under loss scaling).
+std::string divergence(std::int64_t step, const zest::train_step_result& r, bool loss_scaling,
+                       float min_loss_scale);
 
 // The sample's next character: temperature 0.8 over the real vocabulary, from the logits of
 // the last position (`at` in the global logits); every rank draws the same character.
@@ -255,6 +213,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   zest::zero_options zo;
   zo.seed = f.seed;
   zo.max_grad_norm = f.clip;
+  zo.initial_loss_scale = f.loss_scale;
   zest::zero_engine<P> engine(mesh, zo);
 
   zest::gpt_options go;
@@ -269,6 +228,8 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   go.gating.top_k = f.top_k;
   go.gating.capacity_factor = f.capacity_factor;
   go.aux_weight = f.aux_weight;
+  // Before the model: the sampler checks that the text holds a sequence of the context.
+  zest::batch_sampler sampler(data.train(), f.batch, f.context, f.seed);
   const std::int64_t before_model = memory.live.load();
   zest::gpt<P> model(engine, go);
   const std::int64_t model_state_bytes = memory.live.load() - before_model;
@@ -278,7 +239,10 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   if (!f.load.empty()) {
     const auto info = zest::load_training_state(
         f.load, engine, {.corpus = data.identity(), .allow_other_corpus = false});
-    if (info.metadata["config"] != config_json(f, data.vocab_size())) {
+    zest::json::value saved = info.metadata["config"];
+    if (saved.is_object())
+      std::erase_if(saved.as_object(), [](const auto& m) { return m.first == "schedule"; });
+    if (saved != config_json(f, data.vocab_size())) {
       // Same tensors (else load_training_state refused) but another batch or seed.
       if (root)
         std::cout << "note: the checkpoint was trained with other settings: "
@@ -287,9 +251,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     step = info.step;
   }
 
-  const zest::warmup_cosine schedule{f.lr, f.min_lr, std::min(f.warmup, f.steps),
-                                     std::max<std::int64_t>(f.steps, 1)};
-  zest::batch_sampler sampler(data.train(), f.batch, f.context, f.seed);
+  const zest::warmup_cosine schedule = schedule_of(f);
   const double entropy = data.unigram_entropy().nats;
 
   const auto plan = zest::plan_zero<typename P::stage>(
@@ -302,7 +264,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   }
 
   zest::report::training_log log =
-      start_log(f, data.vocab_size(), described, params, entropy, model_state_bytes);
+      start_log(f, data.vocab_size(), described, params, entropy, model_state_bytes, step);
 
   zest::report::progress_line progress(f.steps, (root && !f.quiet) ? stdout : nullptr);
   const double tokens_per_step = static_cast<double>(f.batch * f.context);
@@ -324,17 +286,40 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     }
     const moe_figures* moe_if = f.moe ? &moe : nullptr;
     log.add_step(step_record(step, r, tokens_per_step, P::loss_scaling, moe_if));
+    // A skipped step always gets its line.
     if (root && !f.quiet &&
         (progress.on_terminal() || (step + 1) % f.print_every == 0 || step + 1 == f.steps ||
-         step == 0)) {
+         step == 0 || !r.report.applied)) {
       progress.update(step + 1, progress_text(r, tokens_per_step, model_state_bytes, moe_if));
+    }
+    // The loss and the gradient norm are the same on every rank: every rank stops here, and
+    // the job ends with exit status 1 and no abort (rank 0 says why).
+    if (const std::string why =
+            divergence(step, r, P::loss_scaling, engine.loss_scaler().min_scale());
+        !why.empty()) {
+      progress.finish();
+      if (root) {
+        if (!f.log.empty()) {
+          log.set_summary("diverged_at_step", step + 1);
+          log.set_summary("steps_trained", trained);
+          log.write(f.log);
+        }
+        const std::string line = "[rank 0] " + why +
+                                 (f.log.empty() ? "" : "; the log is in " + f.log) +
+                                 (f.save.empty() ? "" : "; nothing was saved") + "\n";
+        std::fwrite(line.data(), 1, line.size(), stderr);
+        std::fflush(stderr);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      return 1;
     }
   }
   progress.finish();
 
   if (!f.save.empty()) {
-    zest::save_training_state(f.save, engine, step, config_json(f, data.vocab_size()),
-                              data.identity());
+    zest::json::value config = config_json(f, data.vocab_size());
+    config["schedule"] = schedule_json(schedule);  // resolve_schedule reads it on --load
+    zest::save_training_state(f.save, engine, step, std::move(config), data.identity());
     if (root && !f.quiet) std::cout << "saved " << f.save << " at step " << step << '\n';
   }
 

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""End-to-end checks of examples/train_gpt that read its JSON log (tests/train/CMakeLists.txt).
+
+  train_gpt_checks.py refuse --expect REGEX [--max-seconds S] -- COMMAND...
+      COMMAND fails (exit status > 0, not a signal) within S seconds, and its output
+      matches REGEX. "@EMPTY@" in COMMAND stands for an empty argument.
+  train_gpt_checks.py fp16-skip --run PREFIX... --dir D
+      an fp16 run whose first loss scale overflows: the log shows skipped steps, the
+      scale halving at each, and then applied steps with a finite, decreasing loss.
+  train_gpt_checks.py diverge --run PREFIX... --dir D
+      an fp32 run at an absurd learning rate stops with a message about divergence (step
+      and loss), exit status non-zero, and its log holds the non-finite step as null.
+  train_gpt_checks.py steps0 --run PREFIX... --dir D
+      --steps 0 --log F: exit status 0, a log with no steps and no final loss.
+  train_gpt_checks.py resume --mpiexec MPIEXEC --np-flag FLAG --train-gpt EXE --dir D -- ARGS...
+      --schedule-steps 20 --steps 10 --save on 2 ranks (ZeRO-3), then --steps 20 --load on
+      4 ranks (ZeRO-1), against the uninterrupted 20-step run on 2 ranks: every step's loss
+      to 1e-5 relative, and the learning rates exactly.
+
+PREFIX is the command that runs train_gpt (mpiexec -n 2 .../train_gpt --small-model-flags).
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+
+def fail(why, output=""):
+    if output:
+        print(output)
+    print("FAILED: " + why)
+    sys.exit(1)
+
+
+def run(cmd, expect_ok=True, timeout=240):
+    print("$ " + " ".join(cmd), flush=True)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    start = time.monotonic()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, env=env)
+    seconds = time.monotonic() - start
+    if expect_ok and p.returncode != 0:
+        fail("exit status %d" % p.returncode, p.stdout)
+    return p, seconds
+
+
+def number(record, key):
+    """A number of the log: null named in "nonfinite" is the NaN or infinity it names."""
+    v = record.get(key)
+    if v is None:
+        spelt = record.get("nonfinite", {}).get(key)
+        if spelt is None:
+            fail("%r is null and not named in \"nonfinite\": %r" % (key, record))
+        return float(spelt)
+    return float(v)
+
+
+def read_log(path):
+    with open(path) as f:
+        return json.load(f)  # strict enough: Python's json would accept NaN, so check below
+
+
+def check_strict_json(path):
+    with open(path) as f:
+        text = f.read()
+    if re.search(r"\b(NaN|Infinity)\b", text):
+        fail(path + " spells a non-finite number, which is not JSON")
+
+
+def cmd_refuse(a):
+    cmd = ["" if c == "@EMPTY@" else c for c in a.command]
+    p, seconds = run(cmd, expect_ok=False, timeout=max(60, a.max_seconds * 4))
+    print(p.stdout)
+    if p.returncode == 0:
+        fail("the command succeeded")
+    if p.returncode < 0:
+        fail("the command died of signal %d" % -p.returncode)
+    if not re.search(a.expect, p.stdout):
+        fail("the output does not match %r" % a.expect)
+    if seconds > a.max_seconds:
+        fail("the refusal took %.2f s, more than %.2f s" % (seconds, a.max_seconds))
+    print("refused in %.2f s, as expected" % seconds)
+
+
+def fresh(d):
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+
+
+def cmd_fp16_skip(a):
+    fresh(a.dir)
+    log = os.path.join(a.dir, "fp16.json")
+    p, _ = run(a.run + ["--log", log])
+    print(p.stdout)
+    if "skipped: inf/nan gradients at loss scale" not in p.stdout:
+        fail("the progress lines show no skipped step")
+    check_strict_json(log)
+    steps = read_log(log)["steps"]
+    skipped = [s for s in steps if not s["applied"]]
+    applied = [s for s in steps if s["applied"]]
+    if not skipped or steps[0]["applied"]:
+        fail("the first step, at the overflowing scale, was not skipped")
+    for s in skipped:
+        if s["grad_norm"] is not None or s["nonfinite"]["grad_norm"] != "inf":
+            fail("a skipped step's gradient norm is not logged as null + \"inf\": %r" % s)
+        if not math.isfinite(s["loss"]):
+            fail("a skipped step's loss is not finite: %r" % s)
+    # The scale halves at every skipped step and holds while steps are applied.
+    for prev, cur in zip(steps, steps[1:]):
+        want = prev["loss_scale"] / 2 if not prev["applied"] else prev["loss_scale"]
+        if cur["loss_scale"] != want:
+            fail("step %d: loss scale %r after %r (applied %r), expected %r" %
+                 (cur["step"], cur["loss_scale"], prev["loss_scale"], prev["applied"], want))
+    if steps[-1]["applied"] is not True or len(applied) < 6:
+        fail("training did not go on after the skipped steps (%d applied)" % len(applied))
+    if any(s["applied"] for s in steps[:len(skipped)]):
+        fail("the skipped steps are not the first ones")
+    losses = [s["loss"] for s in applied]
+    if not all(math.isfinite(x) for x in losses):
+        fail("an applied step's loss is not finite: %r" % losses)
+    first, last = sum(losses[:2]) / 2, sum(losses[-2:]) / 2
+    if not last < first - 0.05:
+        fail("the loss did not decrease after the skipped steps: %r" % losses)
+    print("%d steps skipped (scale %g -> %g), %d applied, loss %.4f -> %.4f" %
+          (len(skipped), steps[0]["loss_scale"], applied[0]["loss_scale"], len(applied), first,
+           last))
+
+
+def cmd_diverge(a):
+    fresh(a.dir)
+    log = os.path.join(a.dir, "diverge.json")
+    p, _ = run(a.run + ["--log", log], expect_ok=False)
+    print(p.stdout)
+    if p.returncode == 0:
+        fail("a diverged run exited with status 0")
+    m = re.search(r"training diverged at step (\d+): loss (\S+)", p.stdout)
+    if not m:
+        fail("no message about divergence (step, loss)")
+    if "JSON" in p.stdout:
+        fail("the message speaks of JSON")
+    check_strict_json(log)
+    j = read_log(log)
+    last = j["steps"][-1]
+    if last["step"] != int(m.group(1)) or j["summary"]["diverged_at_step"] != last["step"]:
+        fail("the log's last step %r is not the one reported (%s)" % (last, m.group(1)))
+    bad = [k for k in ("loss", "grad_norm") if not math.isfinite(number(last, k))]
+    if not bad:
+        fail("the last step of the log has only finite numbers: %r" % last)
+    for k in bad:
+        if last[k] is not None or k not in last["nonfinite"]:
+            fail("%r of the diverged step is not null + named in \"nonfinite\": %r" % (k, last))
+    print("diverged at step %s, reported and logged (%s non-finite)" % (m.group(1), bad))
+
+
+def cmd_steps0(a):
+    fresh(a.dir)
+    log = os.path.join(a.dir, "steps0.json")
+    p, _ = run(a.run + ["--steps", "0", "--log", log])
+    print(p.stdout)
+    check_strict_json(log)
+    j = read_log(log)
+    if j["steps"] != [] or "final_loss" in j["summary"] or j["summary"]["steps_trained"] != 0:
+        fail("the log of --steps 0 is not empty of steps: %r" % j)
+    if "no steps trained" not in p.stdout:
+        fail("the summary line does not say that no step was trained")
+    print("--steps 0 --log: a log without steps")
+
+
+def cmd_resume(a):
+    fresh(a.dir)
+    mpi = lambda n: [a.mpiexec, a.np_flag, str(n), a.train_gpt] + a.args
+    whole, part1, part2 = (os.path.join(a.dir, n) for n in ("whole.json", "a.json", "b.json"))
+    ckpt = os.path.join(a.dir, "ckpt")
+    run(mpi(2) + ["--zero", "3", "--steps", "20", "--log", whole])
+    run(mpi(2) + ["--zero", "3", "--schedule-steps", "20", "--steps", "10", "--save", ckpt,
+                  "--log", part1])
+    # Another --schedule-steps on resume is refused, naming the checkpoint's.
+    p, _ = run(mpi(4) + ["--zero", "1", "--steps", "20", "--schedule-steps", "30", "--load",
+                         ckpt], expect_ok=False)
+    if p.returncode == 0 or "--schedule-steps differs from the learning-rate schedule" not in p.stdout:
+        fail("a different --schedule-steps on resume was not refused", p.stdout)
+    run(mpi(4) + ["--zero", "1", "--steps", "20", "--load", ckpt, "--log", part2])
+    a_steps = read_log(whole)["steps"]
+    b_steps = read_log(part1)["steps"] + read_log(part2)["steps"]
+    if [s["step"] for s in a_steps] != list(range(1, 21)) or \
+            [s["step"] for s in b_steps] != list(range(1, 21)):
+        fail("the logs do not hold steps 1..20: %r, %r" %
+             ([s["step"] for s in a_steps], [s["step"] for s in b_steps]))
+    worst = 0.0
+    for x, y in zip(a_steps, b_steps):
+        if x["lr"] != y["lr"]:
+            fail("step %d: lr %r uninterrupted, %r resumed" % (x["step"], x["lr"], y["lr"]))
+        rel = abs(x["loss"] - y["loss"]) / abs(x["loss"])
+        worst = max(worst, rel)
+        if rel > 1e-5:
+            fail("step %d: loss %r uninterrupted, %r resumed (%.2e relative)" %
+                 (x["step"], x["loss"], y["loss"], rel))
+    print("20 steps: resumed equals uninterrupted, worst relative loss difference %.2e" % worst)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("refuse")
+    r.add_argument("--expect", required=True)
+    r.add_argument("--max-seconds", type=float, default=10)
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    for name in ("fp16-skip", "diverge", "steps0"):
+        s = sub.add_parser(name)
+        s.add_argument("--dir", required=True)
+        s.add_argument("run", nargs=argparse.REMAINDER)
+    s = sub.add_parser("resume")
+    for o in ("--mpiexec", "--np-flag", "--train-gpt", "--dir"):
+        s.add_argument(o, required=True)
+    s.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    for k in ("command", "run", "args"):
+        if hasattr(a, k) and getattr(a, k)[:1] == ["--"]:
+            setattr(a, k, getattr(a, k)[1:])
+    {"refuse": cmd_refuse, "fp16-skip": cmd_fp16_skip, "diverge": cmd_diverge,
+     "steps0": cmd_steps0, "resume": cmd_resume}[a.mode](a)
+
+
+if __name__ == "__main__":
+    main()
