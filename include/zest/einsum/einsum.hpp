@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "zest/backend/host/contract.hpp"
+#include "zest/comm/checked.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/einsum/plan.hpp"
@@ -355,6 +356,10 @@ auto einsum(const X&... xs) {
     const typename contraction_t::extents_type out_extents =
         detail::checked_output_extents<Spec>(xs...);
     const auto& mesh = std::get<0>(std::forward_as_tuple(xs...)).mesh();
+    // The collectives below (operand plans, the output's reduction) are this einsum's: checked
+    // mode compares the spec across ranks and names it in a mismatch or a timeout.
+    const collective_context context("einsum",
+                                     [](std::ostream& o) { o << '"' << view_of<Spec> << '"'; });
 
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       // Bring every operand to its planned layout (the plan's collectives happen here).

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "zest/backend/backend.hpp"
+#include "zest/comm/checked.hpp"
 #include "zest/core/error.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
@@ -82,6 +83,13 @@ template <class T, class Mesh, class Backend, std::size_t Rank>
 void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
                 const std::array<std::size_t, Rank>& global, const Mesh& mesh,
                 std::string_view dims) {
+  // Checked mode compares this across ranks and names it in a mismatch or a timeout.
+  const collective_context context("redistribute", [&](std::ostream& o) {
+    const auto shown = [](std::string t) { return t.empty() ? std::string("replicate") : t; };
+    o << '"' << dims << "\" " << shown(to_string(sh.layout, Mesh::axis_names)) << " -> "
+      << shown(to_string(after_step(sh.layout, s), Mesh::axis_names)) << " (" << name_of(s.kind)
+      << " over " << Mesh::axis_names[s.axis] << ')';
+  });
   auto& comm = mesh.axis(s.axis);
   const auto n = static_cast<std::size_t>(mesh.size(s.axis));
   const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
@@ -270,7 +278,8 @@ requires(!std::is_lvalue_reference_v<Buffer>) Buffer
 // The fixed-order plan between two layouts, computed once per pair at compile time. It needs
 // a collective exactly when the plan that runs does, and costs no less than it for any shape.
 template <layout_key From, layout_key To>
-inline constexpr transition_plan transition_plan_v = plan_transition(to_layout(From), to_layout(To));
+inline constexpr transition_plan transition_plan_v = plan_transition(to_layout(From),
+                                                                     to_layout(To));
 
 // Runs the cheapest plan from the tensor's layout to To for its extents. (The tensor type is
 // taken whole and taken apart through its members: deducing class-type template arguments
