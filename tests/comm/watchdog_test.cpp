@@ -11,44 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_checks.hpp"
 #include "zest/comm/mpi_communicator.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using clock_type = std::chrono::steady_clock;
-
-class watchdog_scope {
- public:
-  explicit watchdog_scope(std::chrono::milliseconds timeout)
-      : saved_(zest::checked_mode().watchdog) {
-    zest::set_watchdog(timeout);
-  }
-  watchdog_scope(const watchdog_scope&) = delete;
-  watchdog_scope& operator=(const watchdog_scope&) = delete;
-  ~watchdog_scope() { zest::set_watchdog(saved_); }
-
- private:
-  std::chrono::milliseconds saved_;
-};
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-template <class E, class Call>
-std::string message_of(Call call) {
-  try {
-    call();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "";
-}
-
-double seconds_since(clock_type::time_point start) {
-  return std::chrono::duration<double>(clock_type::now() - start).count();
-}
+using namespace zest_test;
 
 // A buffer that an abandoned MPI request may still write into: it must outlive the test.
 std::vector<float>& lasting_buffer(std::size_t n, float value) {

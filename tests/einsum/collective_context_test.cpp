@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "comm/comm_checks.hpp"
 #include "zest/zest.hpp"
 
 namespace {
@@ -14,10 +15,7 @@ namespace {
 using namespace zest;
 using mesh_t = mesh<"x">;
 using rows_t = tensor<float, mesh_t, "bm", layout<split<'b', "x">>>;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using zest_test::contains;
 
 }  // namespace
 

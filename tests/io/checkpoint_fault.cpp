@@ -38,6 +38,7 @@
 #include "zest/core/error.hpp"
 #include "zest/core/files.hpp"
 #include "zest/core/json.hpp"
+#include "zest/core/random.hpp"
 #include "zest/io/checkpoint.hpp"
 #include "zest/mesh/mesh.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -80,15 +81,9 @@ int hook(detail::file_op op, const fs::path& path) {
 // -----------------------------------------------------------------------------------------
 // The model: three tensors, split and replicated, whose bits are a hash of (index, salt).
 
-std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30U)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27U)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31U);
-}
 template <class T>
 T pattern(std::uint64_t flat, std::uint32_t salt) {
-  const std::uint64_t h = mix64(flat * 1000003ULL + salt);
+  const std::uint64_t h = zest::splitmix64(flat * 1000003ULL + salt);
   if constexpr (sizeof(T) == 4) return std::bit_cast<T>(static_cast<std::uint32_t>(h));
   else return std::bit_cast<T>(h);
 }

@@ -27,6 +27,7 @@
 #include "support/fixtures.hpp"
 #include "support/mpi_test.hpp"
 #include "zest/core/json.hpp"
+#include "zest/core/random.hpp"
 #include "zest/io/checkpoint.hpp"
 #include "zest/io/checksum.hpp"
 
@@ -42,16 +43,9 @@ using grid_mesh = mesh<"dp", "tp">;
 // ---------------------------------------------------------------------------------------
 // Data: the bits of element i of tensor `salt` are a hash of (i, salt).
 
-std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30U)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27U)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31U);
-}
-
 template <class T>
 T pattern(std::uint64_t flat, std::uint32_t salt) {
-  const std::uint64_t h = mix64(flat * 1000003ULL + salt);
+  const std::uint64_t h = zest::splitmix64(flat * 1000003ULL + salt);
   if constexpr (std::is_same_v<T, float>)
     return std::bit_cast<float>(static_cast<std::uint32_t>(h));
   else if constexpr (std::is_same_v<T, double>) return std::bit_cast<double>(h);
