@@ -69,7 +69,6 @@
 #include <iomanip>
 #include <memory>
 #include <optional>
-#include <source_location>
 #include <span>
 #include <sstream>
 #include <string>
@@ -85,6 +84,7 @@
 #include "zest/comm/mpi_environment.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
+#include "zest/core/source_site.hpp"
 
 namespace zest {
 namespace detail {
@@ -156,7 +156,7 @@ struct mpi_call {
   std::uint64_t elements = 0;  // the count shown in messages (all_to_all: elements sent)
   std::uint64_t bytes = 0;     // what this rank sends, per communicator.hpp's model
   std::string invalid;         // why the buffers do not fit; empty when they do
-  std::source_location where;  // the caller's call of the public entry point
+  source_site where;  // the caller's call of the public entry point
   std::string context;         // checked mode: collective_context::current()'s text
 
   // Filled only in checked mode, for the fingerprint.
@@ -490,7 +490,7 @@ using fingerprint = std::array<std::uint64_t, fp::words>;
 using watchdog_clock = std::chrono::steady_clock;
 
 // "comm/checked_mode_test.cpp:120": the last two parts of the caller's path, and the line.
-inline std::string site_of(const std::source_location& where) {
+inline std::string site_of(const source_site& where) {
   std::string_view file = where.file_name();
   if (const auto last = file.rfind('/'); last != std::string_view::npos && last > 0) {
     if (const auto before = file.rfind('/', last - 1); before != std::string_view::npos) {
@@ -1199,13 +1199,13 @@ class mpi_communicator {
   template <class T>
   void all_gather(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
                   std::span<const std::size_t> counts = {},
-                  std::source_location where = std::source_location::current()) {
+                  source_site where = source_site::current()) {
     core_->run(at(prepare_all_gather(send, recv, counts), where));
   }
   template <class T>
   request iall_gather(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
                       std::span<const std::size_t> counts = {},
-                      std::source_location where = std::source_location::current()) {
+                      source_site where = source_site::current()) {
     return detail::mpi_core::start(core_, at(prepare_all_gather(send, recv, counts), where));
   }
 
@@ -1214,13 +1214,13 @@ class mpi_communicator {
   template <class T>
   void reduce_scatter(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
                       std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum,
-                      std::source_location where = std::source_location::current()) {
+                      source_site where = source_site::current()) {
     core_->run(at(prepare_reduce_scatter(send, recv, counts, op), where));
   }
   template <class T>
   request ireduce_scatter(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
                           std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum,
-                          std::source_location where = std::source_location::current()) {
+                          source_site where = source_site::current()) {
     return detail::mpi_core::start(core_,
                                    at(prepare_reduce_scatter(send, recv, counts, op), where));
   }
@@ -1228,12 +1228,12 @@ class mpi_communicator {
   // inout = the elementwise reduction of every rank's inout.
   template <class T>
   void all_reduce(std::span<T> inout, reduce_op op = reduce_op::sum,
-                  std::source_location where = std::source_location::current()) {
+                  source_site where = source_site::current()) {
     core_->run(at(prepare_all_reduce(inout, op), where));
   }
   template <class T>
   request iall_reduce(std::span<T> inout, reduce_op op = reduce_op::sum,
-                      std::source_location where = std::source_location::current()) {
+                      source_site where = source_site::current()) {
     return detail::mpi_core::start(core_, at(prepare_all_reduce(inout, op), where));
   }
 
@@ -1243,14 +1243,14 @@ class mpi_communicator {
   void all_to_all(std::type_identity_t<std::span<const T>> send,
                   std::span<const std::size_t> send_counts, std::span<T> recv,
                   std::span<const std::size_t> recv_counts,
-                  std::source_location where = std::source_location::current()) {
+                  source_site where = source_site::current()) {
     core_->run(at(prepare_all_to_all(send, send_counts, recv, recv_counts), where));
   }
   template <class T>
   request iall_to_all(std::type_identity_t<std::span<const T>> send,
                       std::span<const std::size_t> send_counts, std::span<T> recv,
                       std::span<const std::size_t> recv_counts,
-                      std::source_location where = std::source_location::current()) {
+                      source_site where = source_site::current()) {
     return detail::mpi_core::start(
         core_, at(prepare_all_to_all(send, send_counts, recv, recv_counts), where));
   }
@@ -1258,23 +1258,23 @@ class mpi_communicator {
   // data = root's data on every rank.
   template <class T>
   void broadcast(std::span<T> data, int root,
-                 std::source_location where = std::source_location::current()) {
+                 source_site where = source_site::current()) {
     core_->run(at(prepare_broadcast(data, root), where));
   }
   template <class T>
   request ibroadcast(std::span<T> data, int root,
-                     std::source_location where = std::source_location::current()) {
+                     source_site where = source_site::current()) {
     return detail::mpi_core::start(core_, at(prepare_broadcast(data, root), where));
   }
 
-  void barrier(std::source_location where = std::source_location::current()) {
+  void barrier(source_site where = source_site::current()) {
     detail::mpi_call call;
     call.kind = detail::barrier_kind;
     core_->run(at(std::move(call), where));
   }
 
  private:
-  static detail::mpi_call at(detail::mpi_call call, const std::source_location& where) {
+  static detail::mpi_call at(detail::mpi_call call, const source_site& where) {
     call.where = where;
     return call;
   }
