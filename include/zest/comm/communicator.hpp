@@ -3,8 +3,9 @@
 // A communicator connects the ranks of one mesh axis (or of the whole world). It offers
 // the five collectives that layout transitions need, blocking and non-blocking, with
 // uneven counts, and it counts, per collective kind, the calls and the bytes this rank
-// sent. The byte counts follow the bandwidth-optimal (ring) model, the same formulas as
-// DESIGN.md's transition table, so tests can compare counters with formulas exactly:
+// sent. The byte counts follow the bandwidth-optimal (ring) model, the formulas that
+// explain() and the planners price transitions with (docs/design-notes.md, "Byte counters
+// follow the ring model"), so tests can compare counters with formulas exactly:
 //
 //   all_gather      my chunk sent to n-1 peers          (n-1) * my_count
 //   reduce_scatter  everything but my own chunk         total - my_count

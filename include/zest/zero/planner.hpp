@@ -12,8 +12,10 @@
 // parameter's extents and the mesh's sizes (plan_transition with a transition_shape), on the
 // axes the phase changes (the engine moves a parameter over the data axis only), priced by
 // the same ring model as explain() and the communicators' counters (detail::step_bytes),
-// so a training run can compare its counters with this plan exactly. The closed forms of
-// DESIGN.md's table are in zero_formula() only to check the derivation against them.
+// so a training run can compare its counters with this plan exactly. The ZeRO paper's
+// closed forms (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+// Parameter Models", section 5) are in zero_formula() only to check the derivation against
+// them.
 #pragma once
 
 #include <algorithm>
@@ -394,7 +396,7 @@ zero_plan plan_zero(int stage, const model_shape& model, const Mesh& mesh,
 }
 
 // ---------------------------------------------------------------------------------------
-// DESIGN.md's closed forms, for checking the derivation (and for printing beside it).
+// The ZeRO paper's closed forms, for checking the derivation (and for printing beside it).
 // With P, G = parameter and gradient bytes and K the optimizer's:
 //   stage 0 (P+G+K)Psi   1 (P+G)Psi + K Psi/N   2 P Psi + (G+K)Psi/N   3 (P+G+K)Psi/N
 //   elements sent per step: 2 Psi (N-1)/N for stages 0-2, 3 Psi (N-1)/N for stage 3.

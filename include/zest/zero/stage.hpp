@@ -2,7 +2,7 @@
 //
 // A stage is nothing but a choice of layouts for a parameter's model states; the
 // collectives of a training step follow from the transitions between them, as for any
-// other tensor (DESIGN.md: "a layout is a type, a collective is a consequence"). For a
+// other tensor (a layout is a type, a collective is a consequence of two layouts). For a
 // parameter "mh" on mesh<"dp"> (first dim split, the default):
 //
 //   stage  stored       compute    gradient     kept grad    grad buffer  optimizer, master
@@ -18,7 +18,9 @@
 // - gradient buffer: what the gradient costs in memory over a step. Stage 1 partitions only
 //   the optimizer state: backward still fills a full-size gradient on every rank (a partial
 //   summand), which lives until the step; stage 2 keeps only its own shard (buckets are
-//   reduce-scattered during backward and freed), hence DESIGN.md's 4Psi vs 2Psi.
+//   reduce-scattered during backward and freed): with 16-bit parameters and gradients,
+//   4Psi + K Psi/N_d bytes per rank under stage 1 against 2Psi + (2+K)Psi/N_d under stage 2
+//   (zero_formula in zest/zero/planner.hpp).
 // - optimizer state (Adam m, v) and fp32 master parameters share a layout: the optimizer
 //   updates the shard it owns.
 //
@@ -28,7 +30,8 @@
 //   gradient_reduction               gradient -> kept    (all-reduce, or reduce-scatter)
 //   parameter_update                 master -> stored    (stages 1, 2: all-gather the
 //                                    updated shards; 0 and 3: nothing)
-// which is DESIGN.md's 2Psi (stages 0-2) and 3Psi (stage 3) elements per step.
+// which is 2Psi (stages 0-2) and 3Psi (stage 3) elements sent per step and rank, times
+// (N_d-1)/N_d (zero_formula in zest/zero/planner.hpp).
 //
 // Which dim is split is a policy hook (split_first_dim by default); splits are balanced
 // blocks (zest/layout/shard.hpp), so uneven extents work.
