@@ -30,6 +30,7 @@
 #include "zest/mesh/mesh.hpp"
 
 #include "zest/layout/layout.hpp"
+#include "zest/layout/layout_of.hpp"
 #include "zest/layout/layout_string.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/layout/shard.hpp"
