@@ -1,6 +1,7 @@
 // train_zero — one GPT trained under ZeRO stages 0-3 on the same ranks in one run: step
-// time, bytes communicated and model-state memory against DESIGN.md's formulas, and the
-// model's FLOP rate against single-thread sgemm measured in the same process.
+// time, bytes communicated and model-state memory against the ZeRO table's formulas
+// (docs/design-notes.md, "ZeRO stages"), and the model's FLOP rate against single-thread
+// sgemm measured in the same process.
 //
 //   mpiexec -n 2 ./bench_train_zero [--quick]
 //

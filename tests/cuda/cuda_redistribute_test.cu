@@ -132,7 +132,7 @@ X make_device(const gpu_mesh& m, const typename X::extents_type& g, std::uint32_
   return X(m, g, cuda_backend::from_host<T>(std::span<const T>(data)));
 }
 
-TEST_CASE("typed redistribute on the device: DESIGN.md's transitions, float and bfloat16") {
+TEST_CASE("typed redistribute on the device: the transition table's steps, float and bfloat16") {
   for (const auto& shape : mesh_shapes()) {
     const gpu_mesh& m = shared_gpu_mesh(shape);
     const std::size_t n = static_cast<std::size_t>(shape[0]);

@@ -1,7 +1,8 @@
 // expect-compiles
 // nvcc smoke test: the umbrella header, with Eigen and MPI, in a CUDA translation unit.
 // Host code instantiates a few things; the kernel only sees plain data, as device code
-// should (DESIGN.md: the DSL stays in host-only headers, device code gets descriptors).
+// should: the DSL, layouts and concepts stay in host-only code and kernels get plain
+// descriptors (docs/design-notes.md, "GPU: one loop body, three ways to run it").
 #include <mpi.h>
 #include <Eigen/Core>
 

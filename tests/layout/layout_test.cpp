@@ -51,7 +51,8 @@ static_assert(dim_range(lv<layout<split<'m', "dp", "tp">>>, 'm', 10, sizes,
 static_assert(dim_range(lv<layout<split<'m', "tp", "dp">>>, 'm', 10, sizes,
                         std::array<int, 2>{1, 0}) == block_range{3, 2});
 
-// Each per-axis transition of DESIGN.md's table.
+// Each per-axis transition of the table in docs/design-notes.md ("Transitions: what each one
+// sends").
 constexpr transition_plan plan(layout_value a, layout_value b) { return plan_transition(a, b); }
 constexpr auto R = lv<layout<>>;
 constexpr auto Sb = lv<layout<split<'b', "dp">>>;

@@ -140,8 +140,9 @@ std::vector<layout_value> all_layouts(std::string_view dims, std::size_t axes) {
   return out;
 }
 
-// Whether step s may be taken from v (the rules of DESIGN.md's table, with nesting), and
-// the layout it leads to. Written from the rules, not from the planner's code.
+// Whether step s may be taken from v (the steps of the transition table in
+// docs/design-notes.md, with nesting), and the layout it leads to. Written from the rules,
+// not from the planner's code.
 bool try_step(const layout_value& v, const transition_step& s, std::string_view dims,
               layout_value& next) {
   if (s.axis >= v.axis_count) return false;

@@ -1,6 +1,7 @@
 // redistribute: every pair of layouts of a 3-D tensor on a 2-D mesh, uneven extents, values
 // against the global reference, and the communicators' byte counters against the plan and
-// against DESIGN.md's per-transition formulas.
+// against the per-transition formulas (docs/design-notes.md, "Transitions: what each one
+// sends").
 #include <doctest/doctest.h>
 
 #include <random>
@@ -95,7 +96,7 @@ TEST_CASE("every layout pair round-trips values and counts the planned bytes") {
   }
 }
 
-TEST_CASE("byte counters equal DESIGN.md's formula for each transition (even extents)") {
+TEST_CASE("byte counters equal the transition table's formula for each transition (even extents)") {
   for (const auto& shape : mesh_shapes()) {
     mesh_t m(MPI_COMM_WORLD, shape);
     const std::size_t n = static_cast<std::size_t>(shape[0]);  // transitions on dp

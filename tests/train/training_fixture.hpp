@@ -1,5 +1,6 @@
 // Shared pieces of the training tests: a small GPT whose every parameter splits evenly over
-// 1, 2 and 4 ranks (so DESIGN.md's closed forms hold exactly), a corpus, and runs.
+// 1, 2 and 4 ranks (so the ZeRO table's closed forms hold exactly, docs/design-notes.md), a
+// corpus, and runs.
 #pragma once
 
 #include <mpi.h>

@@ -2,8 +2,9 @@
 // `test_stage` defined, so that the stages compile in parallel:
 //   - N ranks train like 1 rank: 20 steps, losses within 1e-5 relative, same parameters;
 //   - the bytes of parameter and gradient collectives per step, from the communicators'
-//     counters, equal DESIGN.md's formula (2 Psi (N-1)/N elements for stages 0-2, 3 Psi
-//     (N-1)/N for stage 3) and the planner's figure; scalar reductions are counted apart;
+//     counters, equal the ZeRO table's formula (docs/design-notes.md: 2 Psi (N-1)/N
+//     elements for stages 0-2, 3 Psi (N-1)/N for stage 3) and the planner's figure; scalar
+//     reductions are counted apart;
 //   - the model-state bytes per rank, from zest's own allocation accounting, equal the
 //     stage's formula (and the planner's), and stage 3 keeps at most two groups gathered.
 #pragma once

@@ -1,6 +1,7 @@
 // ZeRO stages as layouts, and the planner derived from them: static checks on the layouts
-// and their transitions, DESIGN.md's formulas exactly where Psi and N_d divide, the ZeRO
-// paper's figures, and uneven splits against a direct sum of balanced blocks.
+// and their transitions, the ZeRO table's formulas (docs/design-notes.md, "ZeRO stages")
+// exactly where Psi and N_d divide, the ZeRO paper's figures, and uneven splits against a
+// direct sum of balanced blocks.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -25,7 +26,7 @@ constexpr layout_value rep = lv<layout<>>;
 constexpr layout_value part = lv<layout<partial<"dp">>>;
 constexpr layout_value shard = lv<layout<split<'m', "dp">>>;
 
-// DESIGN.md's table, row by row.
+// The ZeRO table (docs/design-notes.md, "ZeRO stages"), row by row.
 static_assert(lay<0> == zero_layouts{rep, rep, part, rep, rep, rep, rep});
 static_assert(lay<1> == zero_layouts{rep, rep, part, shard, part, shard, shard});
 static_assert(lay<2> == zero_layouts{rep, rep, part, shard, shard, shard, shard});
@@ -90,7 +91,7 @@ static_assert(view_of<detail::positional_dims<3>()> == "abc");
 
 constexpr std::uint64_t k_bytes = 12;
 
-// DESIGN.md's memory formula in integers (psi divisible by n).
+// The ZeRO table's memory formula in integers (psi divisible by n).
 std::uint64_t formula_memory(int stage, std::uint64_t psi, std::uint64_t n,
                              const training_precision& pr) {
   const std::uint64_t p = pr.parameter_bytes, g = pr.gradient_bytes, k = pr.k();
@@ -130,7 +131,7 @@ TEST_CASE("gpt_model: GPT-2 small has 124,439,808 parameters") {
   CHECK(gpt_model(untied).parameter_count() == 124'439'808ULL + 50257ULL * 768);
 }
 
-TEST_CASE("planner: DESIGN.md's formulas exactly when N_d divides every split") {
+TEST_CASE("planner: the ZeRO table's formulas exactly when N_d divides every split") {
   struct setting {
     std::uint64_t psi;
     int n;
@@ -240,7 +241,7 @@ TEST_CASE("planner: uneven splits equal a direct sum of balanced blocks, on ever
       CHECK(p.elements_sent() == expected);
       total_elements += p.elements_sent();
     }
-    // Summed over the ranks, uneven blocks still send DESIGN.md's total exactly.
+    // Summed over the ranks, uneven blocks still send the table's total exactly.
     CHECK(total_elements == (stage == 3 ? 3 : 2) * (n - 1) * psi);
   }
 }

@@ -1,6 +1,7 @@
 // zest/einsum/plan.hpp — the layouts an einsum needs, derived at compile time.
 //
-// For every mesh axis, from the operands' placements on it (DESIGN.md's rules):
+// For every mesh axis, from the operands' placements on it (docs/design-notes.md, "The einsum
+// rules"):
 //   1. a dim split in the output and in every operand that has it stays split: no comm;
 //   2. a contracted dim split alike in all operands that have it: local contraction, the
 //      output is partial on that axis;

@@ -1,6 +1,7 @@
 // zest/layout/transition.hpp — the steps that turn one layout into another.
 //
-// Per mesh axis (DESIGN.md's table):
+// Per mesh axis (the table with each step's bytes: docs/design-notes.md, "Transitions: what each
+// one sends"):
 //   split(d)  -> replicate   all_gather          partial -> replicate  all_reduce
 //   partial   -> split(d)    reduce_scatter      split(d) -> split(e)  all_to_all
 //   replicate -> split(d)    slice (local)       replicate -> partial  zero_partial (local)
