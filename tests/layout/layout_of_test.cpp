@@ -47,8 +47,8 @@ static_assert(std::is_same_v<layout_of_t<t3<layout<split<'m', "ep", "dp">, parti
 static_assert(std::is_same_v<layout_of_t<t3<layout<split<'m', "dp", "ep">, split<'s', "tp">>>>,
                              layout<split<'m', "dp", "ep">, split<'s', "tp">>>);
 // cv-qualified and reference types name the same layout.
-static_assert(std::is_same_v<layout_of_t<const t3<layout<split<'s', "ep">>>&>,
-                             layout<split<'s', "ep">>>);
+static_assert(
+    std::is_same_v<layout_of_t<const t3<layout<split<'s', "ep">>>&>, layout<split<'s', "ep">>>);
 // The text, at compile time.
 static_assert(layout_text_v<t3<layout<>>>.view() == "replicate");
 static_assert(layout_text_v<t3<layout<partial<"tp">, split<'b', "dp">>>>.view() ==
@@ -170,11 +170,11 @@ static_assert(layouts_v<2>.count == 28);
 static_assert(layouts_v<3>.count == 176);
 
 struct read_back {
-  layout_value made;                 // the value the type was made from
-  const layout_value* stored;        // X::layout, read at run time
-  std::string text;                  // layout_text_v<X>
-  std::string printed;               // layout_string<X>()
-  layout_value parsed;               // parse_layout(text)
+  layout_value made;           // the value the type was made from
+  const layout_value* stored;  // X::layout, read at run time
+  std::string text;            // layout_text_v<X>
+  std::string printed;         // layout_string<X>()
+  layout_value parsed;         // parse_layout(text)
 };
 
 template <std::size_t Axes, std::size_t I>

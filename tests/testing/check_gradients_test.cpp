@@ -6,16 +6,20 @@
 //     element, with the reported values equal to 2x^2 and 3x^2 (computed here, independently);
 //     one wrong only at one global element fails there alone, wherever that element's shard
 //     lives, and the report names the input, the global index and both values;
+//   - the defaults (double: h 1e-6, rtol 1e-6, atol 1e-8) hold for zest's own nonlinear ops
+//     (gelu, softmax, log-softmax, causal softmax, layer norm, cross-entropy) on sharded inputs;
 //   - the options: names, max_elements sampling, tolerances.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "support/fixtures.hpp"
+#include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/mesh/mesh.hpp"
 #include "zest/testing/check_gradients.hpp"
@@ -137,6 +141,55 @@ TEST_CASE("check_gradients: a product and a user's op with the right derivative 
   }
 }
 
+TEST_CASE("check_gradients: the defaults hold for zest's own nonlinear ops, sharded") {
+  for (const auto& shape : zest::testing::mesh_shapes()) {
+    const mesh2 m(MPI_COMM_WORLD, shape);
+    CAPTURE(m.describe());
+    using x_t = tensor<double, mesh2, "btm", layout<split<'b', "dp">, split<'t', "tp">>>;
+    using g_t = tensor<double, mesh2, "m">;
+    using s_t = tensor<double, mesh2, "hqk", layout<split<'h', "dp">>>;
+    using l_t = tensor<double, mesh2, "btv", layout<split<'t', "dp">>>;
+    using ids_t = tensor<std::int32_t, mesh2, "bt", layout<split<'t', "dp">>>;
+    const auto x = filled<x_t>(m, {5, 3, 4}, 9);
+    const auto gamma = filled<g_t>(m, {4}, 10);
+    const auto beta = filled<g_t>(m, {4}, 11);
+    const auto scores = filled<s_t>(m, {3, 4, 4}, 12);
+    const auto logits = filled<l_t>(m, {2, 3, 5}, 13);
+    const auto targets = ids_t::generate(
+        m, {2, 3}, [](const auto& i) { return std::int32_t((i[0] * 3 + i[1]) % 5); });
+    auto expect_ok = [](const gradient_report& r, std::size_t count) {
+      INFO(r.message());
+      CHECK(r.ok());
+      CHECK(r.checked == count);
+    };
+    expect_ok(
+        check_gradients([](ad::tape& t, const auto& v) { return weighted_sum(t, ad::gelu(v)); }, x),
+        60);
+    expect_ok(
+        check_gradients(
+            [](ad::tape& t, const auto& v) { return weighted_sum(t, ad::softmax<'m'>(v)); }, x),
+        60);
+    expect_ok(
+        check_gradients(
+            [](ad::tape& t, const auto& v) { return weighted_sum(t, ad::log_softmax<'m'>(v)); }, x),
+        60);
+    expect_ok(check_gradients(
+                  [](ad::tape& t, const auto& v) {
+                    return weighted_sum(t, ad::causal_softmax<'q', 'k'>(v));
+                  },
+                  scores),
+              48);
+    expect_ok(
+        check_gradients([](ad::tape& t, const auto& v, const auto& g,
+                           const auto& b) { return weighted_sum(t, ad::layer_norm<'m'>(v, g, b)); },
+                        x, gamma, beta),
+        68);
+    expect_ok(check_gradients(
+                  [&targets](const auto& v) { return ad::cross_entropy<'v'>(v, targets); }, logits),
+              30);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // A wrong backward fails.
 
@@ -145,8 +198,9 @@ void check_wrong_everywhere(const Mesh& m) {
   using x_t = tensor<double, Mesh, "bm", XL>;
   const auto x = filled<x_t>(m, {5, 3}, 5);
   // loss = sum(x^3): the gradient is 3 x^2; the wrong backward gives 2 x^2.
-  const auto r = check_gradients({.names = {"x"}, .max_reported = 100},
-                                 [](const auto& a) { return ad::sum(cube(a, 2.0)); }, x);
+  const auto r = check_gradients(
+      {.names = {"x"}, .max_reported = 100}, [](const auto& a) { return ad::sum(cube(a, 2.0)); },
+      x);
   CAPTURE(layout_string<x_t>());
   CHECK_FALSE(r.ok());
   CHECK_FALSE(static_cast<bool>(r));
@@ -247,8 +301,8 @@ TEST_CASE("check_gradients: options") {
   CHECK(loose.ok());
   CHECK(loose.worst_ratio > 0.5);
   // An input the loss does not use has a zero gradient, and its central differences agree.
-  const auto unused = check_gradients(
-      [](const auto& a, const auto&) { return ad::sum(cube(a, 3.0)); }, x, x);
+  const auto unused =
+      check_gradients([](const auto& a, const auto&) { return ad::sum(cube(a, 3.0)); }, x, x);
   INFO(unused.message());
   CHECK(unused.ok());
   CHECK(unused.checked == 30);

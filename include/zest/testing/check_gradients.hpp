@@ -97,11 +97,11 @@ struct gradient_mismatch {
 };
 
 struct gradient_report {
-  double loss = 0;                             // the unperturbed loss
-  std::size_t checked = 0;                     // elements compared, all inputs
-  std::size_t failed = 0;                      // of which disagreed
-  double worst_ratio = 0;                      // the largest |difference| / tolerance
-  std::vector<gradient_mismatch> mismatches;   // the first max_reported of them
+  double loss = 0;                            // the unperturbed loss
+  std::size_t checked = 0;                    // elements compared, all inputs
+  std::size_t failed = 0;                     // of which disagreed
+  double worst_ratio = 0;                     // the largest |difference| / tolerance
+  std::vector<gradient_mismatch> mismatches;  // the first max_reported of them
 
   bool ok() const { return failed == 0; }
   explicit operator bool() const { return ok(); }
@@ -257,8 +257,8 @@ std::string tensor_text() {
 template <class F, class... X>
 gradient_report check(const gradient_check_options& options, F& f, const X&... xs) {
   // The defaults of the least precise input.
-  using T = std::conditional_t<(std::is_same_v<typename X::value_type, float> || ...), float,
-                               double>;
+  using T =
+      std::conditional_t<(std::is_same_v<typename X::value_type, float> || ...), float, double>;
   const std::tuple<const X&...> refs(xs...);
   const std::tuple<X...> base(xs...);
   std::vector<std::vector<double>> grads;
@@ -282,8 +282,8 @@ gradient_report check(const gradient_check_options& options, F& f, const X&... x
       const double value = static_cast<double>(whole[flat]);
       // A step the element type represents exactly near x: x + h - x == h.
       const double wanted = rel_step * std::max(1.0, std::abs(value));
-      const double h = static_cast<double>(static_cast<typename x_t::value_type>(value + wanted)) -
-                       value;
+      const double h =
+          static_cast<double>(static_cast<typename x_t::value_type>(value + wanted)) - value;
       double numeric = 0;
       {
         std::tuple<X...> plus = base, minus = base;
@@ -322,7 +322,8 @@ gradient_report check(const gradient_check_options& options, F& f, const X&... x
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (check_input(std::integral_constant<std::size_t, I>{}), ...);
-  }(std::index_sequence_for<X...>{});
+  }
+  (std::index_sequence_for<X...>{});
   return report;
 }
 
@@ -340,9 +341,9 @@ constexpr bool check_signature() {
                 "f(zest::autodiff::tape&, const zest::autodiff::variable<X>&...) or "
                 "f(const zest::autodiff::variable<X>&...), one variable per input in order");
   if constexpr (loss_form<F, X...>() != 0) {
-    using result = std::remove_cvref_t<decltype(call_loss(
-        std::declval<F&>(), std::declval<autodiff::tape&>(),
-        std::declval<const autodiff::variable<X>&>()...))>;
+    using result =
+        std::remove_cvref_t<decltype(call_loss(std::declval<F&>(), std::declval<autodiff::tape&>(),
+                                               std::declval<const autodiff::variable<X>&>()...))>;
     static_assert(is_scalar_variable<result>::value,
                   "zest check_gradients: the loss function must return a scalar variable (a "
                   "rank-0 autodiff::variable). Fix: end it with autodiff::sum(...) or "
