@@ -6,8 +6,9 @@
 //   - at run time, each type's layout read back equals the value it was made from, and
 //     layout_text_v<X> equals layout_string<X>() (the notation of explain, visualize and the
 //     run-time errors), parse_layout of it gives the layout back;
-//   - layout_of_t and layout_is on einsum results and autodiff-free tensors, explain prints
-//     the same text. The failing side (show_layout, layout_is) is in tests/compile_fail/.
+//   - layout_of_t and layout_is on einsum results; explain and visualize print the same text.
+// The failing side (show_layout, layout_is: the error prints the layout) is in
+// tests/compile_fail/layout_*.cpp.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -23,6 +24,7 @@
 #include "zest/layout/layout_string.hpp"
 #include "zest/mesh/mesh.hpp"
 #include "zest/plan/explain.hpp"
+#include "zest/plan/visualize.hpp"
 #include "zest/tensor/tensor.hpp"
 
 namespace {
@@ -220,7 +222,7 @@ TEST_CASE("layout_of_t round-trips every layout of a 3-dim tensor on 1, 2 and 3 
   check_mesh<3>();
 }
 
-TEST_CASE("explain prints the layout in layout_text_v's notation") {
+TEST_CASE("explain and visualize print the layout in layout_text_v's notation") {
   const mesh3 m;
   const x_t x(m, {2, 3, 4});
   const v_t v(m, {4, 5});
@@ -230,6 +232,12 @@ TEST_CASE("explain prints the layout in layout_text_v's notation") {
   CHECK(plan.find("split(b:dp) partial(ep)") != std::string::npos);
   const auto u = einsum<"bsm,mh->bsh">(x, v);
   CHECK(layout_string<decltype(u)>() == layout_text_v<u_t>.view());
+  using w2_t = tensor<float, mesh3, "mh", layout<partial<"tp">, split<'m', "ep", "dp">>>;
+  const w2_t w2(m, {4, 5});
+  const std::string map = visualize(w2);
+  CAPTURE(map);
+  CHECK(map.find("\"mh\" [4x5] partial(tp) split(m:ep,dp) on") != std::string::npos);
+  CHECK(layout_text_v<w2_t>.view() == "partial(tp) split(m:ep,dp)");
 }
 
 }  // namespace
