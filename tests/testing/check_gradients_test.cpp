@@ -8,6 +8,7 @@
 //     lives, and the report names the input, the global index and both values;
 //   - the defaults (double: h 1e-6, rtol 1e-6, atol 1e-8) hold for zest's own nonlinear ops
 //     (gelu, softmax, log-softmax, causal softmax, layer norm, cross-entropy) on sharded inputs;
+//   - on the emulated backend (the GPU's code paths on the host) as on the host;
 //   - the options: names, max_elements sampling, tolerances.
 #include <doctest/doctest.h>
 
@@ -21,6 +22,7 @@
 #include "support/fixtures.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
+#include "zest/mesh/emulated_mesh.hpp"
 #include "zest/mesh/mesh.hpp"
 #include "zest/testing/check_gradients.hpp"
 
@@ -187,6 +189,26 @@ TEST_CASE("check_gradients: the defaults hold for zest's own nonlinear ops, shar
     expect_ok(check_gradients(
                   [&targets](const auto& v) { return ad::cross_entropy<'v'>(v, targets); }, logits),
               30);
+  }
+}
+
+TEST_CASE("check_gradients: on the emulated backend (the GPU's code paths)") {
+  using emesh = emulated_mesh<"dp", "tp">;
+  for (const auto& shape : zest::testing::mesh_shapes()) {
+    const emesh m(MPI_COMM_WORLD, shape);
+    CAPTURE(m.describe());
+    using x_t = tensor<double, emesh, "btm", layout<split<'b', "dp">>>;
+    using w_t = tensor<double, emesh, "mh", layout<split<'m', "dp">, split<'h', "tp">>>;
+    const auto x = filled<x_t>(m, {5, 2, 3}, 14);
+    const auto w = filled<w_t>(m, {3, 4}, 15);
+    const auto r = check_gradients(
+        [](ad::tape& t, const auto& a, const auto& b) {
+          return weighted_sum(t, ad::gelu(ad::einsum<"btm,mh->bth">(a, b)));
+        },
+        x, w);
+    INFO(r.message());
+    CHECK(r.ok());
+    CHECK(r.checked == 30 + 12);
   }
 }
 
