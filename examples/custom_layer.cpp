@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "zest/nn/linear.hpp"
-#include "zest/nn/parameter.hpp"
 #include "zest/train/train_step.hpp"
 #include "zest/zero/engine.hpp"
+#include "zest/zero/parameter.hpp"
 #include "zest/zest.hpp"
 
 namespace {

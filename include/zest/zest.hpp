@@ -68,12 +68,16 @@
 
 #include "zest/io/checkpoint.hpp"
 #include "zest/io/checksum.hpp"
+#include "zest/io/tensor_record.hpp"
 
 #include "zest/mesh/emulated_mesh.hpp"
 #include "zest/mesh/mesh_shape.hpp"
 #include "zest/zero/engine.hpp"
+#include "zest/zero/init.hpp"
+#include "zest/zero/parameter.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/stage.hpp"
+#include "zest/zero/training_policy.hpp"
 
 #include "zest/nn/attention.hpp"
 #include "zest/nn/block.hpp"
@@ -82,7 +86,6 @@
 #include "zest/nn/layer_norm.hpp"
 #include "zest/nn/linear.hpp"
 #include "zest/nn/mlp.hpp"
-#include "zest/nn/parameter.hpp"
 
 #include "zest/optim/adamw.hpp"
 #include "zest/optim/clip.hpp"

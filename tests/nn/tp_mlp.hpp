@@ -14,8 +14,8 @@
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/nn/linear.hpp"
-#include "zest/nn/parameter.hpp"
 #include "zest/zero/engine.hpp"
+#include "zest/zero/parameter.hpp"
 
 namespace zest::testing {
 

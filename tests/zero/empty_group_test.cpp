@@ -24,9 +24,9 @@
 #include "zest/autodiff/ops.hpp"
 #include "zest/mesh/mesh.hpp"
 #include "zest/nn/linear.hpp"
-#include "zest/nn/parameter.hpp"
 #include "zest/train/train_step.hpp"
 #include "zest/zero/engine.hpp"
+#include "zest/zero/parameter.hpp"
 
 namespace {
 using namespace zest;

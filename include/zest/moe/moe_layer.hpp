@@ -53,9 +53,9 @@
 #include "zest/layout/layout.hpp"
 #include "zest/moe/dispatch.hpp"
 #include "zest/moe/gating.hpp"
-#include "zest/nn/parameter.hpp"
 #include "zest/tensor/relabel.hpp"
 #include "zest/zero/engine.hpp"
+#include "zest/zero/parameter.hpp"
 #include "zest/zero/stage.hpp"
 
 namespace zest::moe {

@@ -14,8 +14,8 @@
 
 #include "zest/autodiff/ops.hpp"
 #include "zest/nn/linear.hpp"
-#include "zest/nn/parameter.hpp"
 #include "zest/tensor/relabel.hpp"
+#include "zest/zero/parameter.hpp"
 
 namespace zest {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "zest/autodiff/ops.hpp"
-#include "zest/nn/parameter.hpp"
+#include "zest/zero/parameter.hpp"
 
 namespace zest {
 

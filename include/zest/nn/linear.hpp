@@ -21,7 +21,7 @@
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/core/fixed_string.hpp"
-#include "zest/nn/parameter.hpp"
+#include "zest/zero/parameter.hpp"
 
 namespace zest {
 

@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "zest/core/error.hpp"
@@ -31,7 +32,9 @@ namespace zest {
 template <class P>
 std::vector<io::tensor_record> training_state_records(zero_engine<P>& engine) {
   std::vector<io::tensor_record> records;
-  for (auto* p : engine.parameters()) p->checkpoint_records(records);
+  for (auto* p : engine.parameters()) {
+    p->visit_states([&](io::tensor_record r) { records.push_back(std::move(r)); });
+  }
   return records;
 }
 

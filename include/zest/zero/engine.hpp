@@ -53,10 +53,10 @@
 #include "zest/comm/communicator.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/random.hpp"
-#include "zest/nn/parameter.hpp"
 #include "zest/optim/adamw.hpp"
 #include "zest/optim/clip.hpp"
 #include "zest/optim/loss_scaler.hpp"
+#include "zest/zero/parameter.hpp"
 
 namespace zest {
 

@@ -1,4 +1,4 @@
-// zest/nn/parameter.hpp — a trainable tensor whose ZeRO stage is part of its type.
+// zest/zero/parameter.hpp — a trainable tensor whose ZeRO stage is part of its type.
 //
 //   using policy = zest::training_policy<zest::mesh<"dp">, zest::zero_stage<3>, zest::bfloat16>;
 //   zest::parameter<policy, "mh"> w(engine, "fc.weight", {m, h}, zest::init::normal(0.02));
@@ -18,14 +18,16 @@
 // provides the blocks. On mesh axes other than the data axis a parameter keeps the
 // placement of its Base layout (e.g. split<'h', "tp"> for a Megatron column-parallel
 // weight); its gradient there is the dual of that placement, reduced per parameter.
+//
+// The policy lives in zest/zero/training_policy.hpp, the initialisers in zest/zero/init.hpp.
+// A checkpoint reads a parameter's states through visit_states (zest/train/checkpoint.hpp),
+// so a parameter knows records (zest/io/tensor_record.hpp), not checkpoint files.
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <numbers>
 #include <optional>
 #include <span>
 #include <string>
@@ -36,78 +38,20 @@
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/backend/backend.hpp"
+#include "zest/backend/host/host_backend.hpp"
 #include "zest/config.hpp"
-#include "zest/core/bfloat16.hpp"
-#include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
-#include "zest/core/float16.hpp"
-#include "zest/core/random.hpp"
-#include "zest/io/checkpoint.hpp"
+#include "zest/core/memory.hpp"
+#include "zest/io/tensor_record.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/tensor.hpp"
+#include "zest/zero/init.hpp"
 #include "zest/zero/stage.hpp"
+#include "zest/zero/training_policy.hpp"
 
 namespace zest {
-
-// The choices a model is built with: its mesh, ZeRO stage and storage precision. Layers take
-// it as their first template parameter, so a custom layer composes the same way.
-//   Param = float:              fp32 parameters and gradients, the parameters are the master
-//   Param = bfloat16 / float16: parameters and gradients stored and communicated in 16 bits,
-//                               fp32 master weights and Adam states (float16 with dynamic
-//                               loss scaling)
-template <class Mesh, zero_stage_policy Stage = zero_stage<0>, class Param = float>
-struct training_policy {
-  static constexpr bool valid_precision = std::is_same_v<Param, float> ||
-                                          std::is_same_v<Param, bfloat16> ||
-                                          std::is_same_v<Param, float16>;
-  static_assert(valid_precision,
-                "zest training_policy: parameters are stored as float, zest::bfloat16 or "
-                "zest::float16. Fix: choose one of those as the third argument.");
-
-  using mesh_type = Mesh;
-  using stage = Stage;
-  using param_type = Param;
-  using grad_type = Param;
-  static constexpr bool has_master = !std::is_same_v<Param, float>;
-  static constexpr bool loss_scaling = std::is_same_v<Param, float16>;
-  static constexpr std::size_t data_axis = detail::axis_index_of<Mesh>(Stage::data_axis);
-  static_assert(data_axis < Mesh::axis_count,
-                "zest training_policy: the mesh has no axis named like the stage's data axis. "
-                "Fix: zero_stage<K, \"name\"> with one of the mesh's axis names.");
-};
-
-template <class P>
-concept training_policy_type = requires {
-  typename P::mesh_type;
-  typename P::stage;
-  typename P::param_type;
-  P::data_axis;
-};
-
-// ---------------------------------------------------------------------------------------
-// Initialisers: functions of the global index and a seed, so that every rank count and
-// layout gives the same values.
-
-namespace init {
-// N(0, std) from (seed, global flat index): Box-Muller on two counter-based uniforms.
-struct normal {
-  double stddev = 0.02;
-  double operator()(std::uint64_t seed, std::uint64_t index) const {
-    const std::uint64_t a = splitmix64(seed ^ splitmix64(2 * index));
-    const std::uint64_t b = splitmix64(seed ^ splitmix64(2 * index + 1));
-    const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
-    return stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
-};
-struct constant {
-  double value = 0;
-  double operator()(std::uint64_t, std::uint64_t) const { return value; }
-};
-}  // namespace init
-using initializer = std::function<double(std::uint64_t seed, std::uint64_t index)>;
 
 namespace detail {
 
@@ -247,49 +191,6 @@ constexpr layout_value reduce_other_axes(layout_value g, const layout_value& kep
   return g;
 }
 
-// The initial values of a tensor's local block: init(seed, global row-major index) at each
-// element, converted through float to T. A function of the element type only (the dims'
-// count, extents and offsets are arguments), so that it is compiled once per precision,
-// not once per parameter type (bench/README.md, "Compile time and memory").
-template <class T>
-host_vector<T> initial_values(std::size_t rank, const std::size_t* global,
-                              const std::size_t* offsets, const std::size_t* local,
-                              std::uint64_t seed, const initializer& init) {
-  std::size_t count = 1;
-  for (std::size_t k = 0; k < rank; ++k) count *= local[k];
-  host_vector<T> values(count);
-  std::array<std::size_t, max_dims> index{};
-  for (std::size_t flat = 0; flat < count; ++flat) {
-    std::size_t rest = flat;
-    for (std::size_t i = rank; i-- > 0;) {
-      index[i] = offsets[i] + rest % local[i];
-      rest /= local[i];
-    }
-    std::uint64_t at = 0;
-    for (std::size_t k = 0; k < rank; ++k) at = at * global[k] + index[k];
-    values[flat] = static_cast<T>(static_cast<float>(init(seed, at)));
-  }
-  return values;
-}
-// Fills t's local block with its initial values (as basic_tensor::generate would).
-template <class Tensor>
-void initialise(Tensor& t, std::uint64_t seed, const initializer& init) {
-  using T = typename Tensor::value_type;
-  using backend_t = typename Tensor::backend_type;
-  if (!t.holds_partial_summand()) {
-    backend_t::fill(t.storage().data(), t.storage().size(), T{});
-    return;
-  }
-  auto values = initial_values<T>(Tensor::rank, t.extents().data(), t.local_offsets().data(),
-                                  t.local_extents().data(), seed, init);
-  if constexpr (std::is_same_v<typename Tensor::storage_type, host_vector<T>>) {
-    t.storage() = std::move(values);
-  } else {
-    t.storage() =
-        backend_t::template from_host<T>(std::span<const T>(values.data(), values.size()));
-  }
-}
-
 // What the engine needs of a parameter, whatever its dims: the type-erased side of
 // zest::parameter. P is the training policy. What only needs the shards' storage (the
 // gradient's and optimizer's element loops, the published blocks) is implemented here, once
@@ -366,9 +267,11 @@ class parameter_slot {
     kept_.reset();
     memory::release(scratch_);
   }
-  // The states a checkpoint holds: the stored copy ("name"), the fp32 master if separate
-  // ("name.master") and Adam's moments ("name.adam_m", "name.adam_v").
-  virtual void checkpoint_records(std::vector<io::tensor_record>& out) = 0;
+  // Hands `visit` each model state a checkpoint holds, as the record of this rank's block
+  // (zest/io/tensor_record.hpp: what tensors of every dims and layout reduce to): the stored
+  // copy ("name"), the fp32 master if separate ("name.master") and Adam's moments
+  // ("name.adam_m", "name.adam_v"). Records view the tensors: they live as long as this.
+  virtual void visit_states(const std::function<void(io::tensor_record)>& visit) = 0;
   // The whole stored value on every rank, as floats (collective: for checks and reports).
   virtual std::vector<float> whole_value() const = 0;
 
@@ -618,11 +521,17 @@ class parameter final : public detail::parameter_slot<P> {
     this->gradient_ = {};
   }
 
-  void checkpoint_records(std::vector<io::tensor_record>& out) override {
-    out.push_back(io::record(this->name_, stored_));
-    if constexpr (P::has_master) out.push_back(io::record(this->name_ + ".master", *master_));
-    out.push_back(io::record(this->name_ + ".adam_m", m_));
-    out.push_back(io::record(this->name_ + ".adam_v", v_));
+  // f(name, tensor) for each model state a checkpoint holds, with its own type (what
+  // visit_states hands on as records).
+  template <class F>
+  void for_each_state(F&& f) {
+    f(this->name_, stored_);
+    if constexpr (P::has_master) f(this->name_ + ".master", *master_);
+    f(this->name_ + ".adam_m", m_);
+    f(this->name_ + ".adam_v", v_);
+  }
+  void visit_states(const std::function<void(io::tensor_record)>& visit) override {
+    for_each_state([&](std::string name, auto& t) { visit(io::record(std::move(name), t)); });
   }
 
   std::vector<float> whole_value() const override {

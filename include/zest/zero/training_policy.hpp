@@ -1,0 +1,55 @@
+// zest/zero/training_policy.hpp — what a model is built with: mesh, ZeRO stage, precision.
+//
+//   using policy = zest::training_policy<zest::mesh<"dp", "tp">, zest::zero_stage<3>, zest::bfloat16>;
+//   policy::data_axis;   // 0: the mesh axis the stage partitions over
+//   policy::has_master;  // true: fp32 master weights beside the 16-bit parameters
+//
+// Layers (zest/nn/) and parameters (zest/zero/parameter.hpp) take a policy as their first
+// template parameter; a custom layer composes the same way.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+
+#include "zest/core/bfloat16.hpp"
+#include "zest/core/float16.hpp"
+#include "zest/zero/stage.hpp"
+
+namespace zest {
+
+// The choices a model is built with: its mesh, ZeRO stage and storage precision. Layers take
+// it as their first template parameter, so a custom layer composes the same way.
+//   Param = float:              fp32 parameters and gradients, the parameters are the master
+//   Param = bfloat16 / float16: parameters and gradients stored and communicated in 16 bits,
+//                               fp32 master weights and Adam states (float16 with dynamic
+//                               loss scaling)
+template <class Mesh, zero_stage_policy Stage = zero_stage<0>, class Param = float>
+struct training_policy {
+  static constexpr bool valid_precision = std::is_same_v<Param, float> ||
+                                          std::is_same_v<Param, bfloat16> ||
+                                          std::is_same_v<Param, float16>;
+  static_assert(valid_precision,
+                "zest training_policy: parameters are stored as float, zest::bfloat16 or "
+                "zest::float16. Fix: choose one of those as the third argument.");
+
+  using mesh_type = Mesh;
+  using stage = Stage;
+  using param_type = Param;
+  using grad_type = Param;
+  static constexpr bool has_master = !std::is_same_v<Param, float>;
+  static constexpr bool loss_scaling = std::is_same_v<Param, float16>;
+  static constexpr std::size_t data_axis = detail::axis_index_of<Mesh>(Stage::data_axis);
+  static_assert(data_axis < Mesh::axis_count,
+                "zest training_policy: the mesh has no axis named like the stage's data axis. "
+                "Fix: zero_stage<K, \"name\"> with one of the mesh's axis names.");
+};
+
+template <class P>
+concept training_policy_type = requires {
+  typename P::mesh_type;
+  typename P::stage;
+  typename P::param_type;
+  P::data_axis;
+};
+
+}  // namespace zest
