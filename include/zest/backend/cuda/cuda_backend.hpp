@@ -8,8 +8,8 @@
 //   buffer<T>      zest::device_buffer<T> from the caching pool (device_memory.hpp)
 //   copy_slices    cudaMemcpy2DAsync, or a kernel for narrow rows
 //   fill           cudaMemsetAsync for zero, a kernel otherwise
-//   contract       the host planner's permute + strided batched GEMM plan, run as kernels and
-//                  cublasGemmStridedBatchedEx: float (TF32 tensor cores when allowed, see
+//   contract       the planner's permute + strided batched GEMM plan (contraction_plan.hpp),
+//                  run as kernels and cublasGemmStridedBatchedEx: float (TF32 tensor cores when allowed, see
 //                  settings()), double, and bfloat16 with float accumulation
 //   from_host / to_host
 // Everything runs on cuda::compute_stream(), asynchronously; to_host waits.
@@ -45,7 +45,7 @@
 
 #include "zest/backend/backend.hpp"
 #include "zest/backend/cuda/device_memory.hpp"
-#include "zest/backend/host/contract.hpp"
+#include "zest/backend/contraction_plan.hpp"
 #include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/error.hpp"
@@ -389,13 +389,13 @@ void launch_reduce(const reduce_descriptor&, const S*, D*, bool) {
 
 #endif
 
-// ---- the contraction: the host planner's plan, run on the device ---------------------------
+// ---- the contraction: the planner's plan (zest/backend/contraction_plan.hpp), on the device -
 
-using host::detail::dense_layout;
-using host::detail::dense_layout_like;
-using host::detail::gemm_plan;
-using host::detail::labels_in_order;
-using host::detail::tensor_layout;
+using contraction::dense_layout;
+using contraction::dense_layout_like;
+using contraction::gemm_plan;
+using contraction::labels_in_order;
+using contraction::tensor_layout;
 
 // dst (layout `to`) = src (layout `from`, the same labels), or += with Add.
 template <bool Add, class S, class D>
@@ -445,7 +445,7 @@ inline int blas_int(std::size_t v, std::string_view what) {
   return static_cast<int>(v);
 }
 
-// The plan's GEMMs (row-major, as host::detail::run_plan calls them) on cuBLAS, which is
+// The plan's GEMMs (row-major, as the host's run_plan calls them) on cuBLAS, which is
 // column-major: C (m x n, row-major) = A B is C^T (n x m, column-major) = B^T A^T, so the
 // operands swap and each row-major matrix is passed as its column-major transpose.
 // A and B are S; C is S, or float for a bfloat16 product that a permute will round later.
@@ -520,9 +520,9 @@ void run_gemms(const gemm_plan& plan, const S* x, const S* y, C* z, bool accumul
   }
 }
 
-// Which tensors to permute, and the GEMM plan on the result: the host's search.
-using host::detail::choose_pair_plan;
-using host::detail::pair_choice;
+// Which tensors to permute, and the GEMM plan on the result: the planner's search.
+using contraction::choose_pair_plan;
+using contraction::pair_choice;
 
 // Two operands, checks done, no zero extents. S is float or double, or bfloat16 when no
 // dim is summed out of one operand alone (contract() converts that case to float).
@@ -606,13 +606,13 @@ void fill_device(T* p, std::size_t n, T value) {
 // semantics and checks of zest::host::contract (shape_error names the spec and the dim).
 // Asynchronous on compute_stream().
 template <class T>
-void contract(std::span<const host::operand_view<T>> operands, std::string_view out_labels, T* out,
-              std::span<const std::size_t> out_extents, bool accumulate = false) {
+void contract(std::span<const contraction::operand_view<T>> operands, std::string_view out_labels,
+              T* out, std::span<const std::size_t> out_extents, bool accumulate = false) {
   static_assert(
       std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bfloat16>,
       "zest::cuda::contract: element type must be float, double or zest::bfloat16");
-  using host::detail::element_count;
-  host::detail::check_contract(operands, out_labels, out_extents);
+  using contraction::element_count;
+  contraction::check_contract(operands, out_labels, out_extents);
   const std::size_t out_count = element_count(out_extents);
   if (out_count == 0) return;
   for (const auto& op : operands) {
@@ -621,15 +621,15 @@ void contract(std::span<const host::operand_view<T>> operands, std::string_view 
       return;
     }
   }
-  const host::detail::tensor_layout z = host::detail::dense_layout(out_labels, out_extents);
-  const host::detail::tensor_layout x =
-      host::detail::dense_layout(operands[0].labels, operands[0].extents);
+  using contraction::dense_layout;
+  using contraction::tensor_layout;
+  const tensor_layout z = dense_layout(out_labels, out_extents);
+  const tensor_layout x = dense_layout(operands[0].labels, operands[0].extents);
   if (operands.size() == 1) {
     detail::contract_single<T>(x, operands[0].data, z, out, accumulate);
     return;
   }
-  const host::detail::tensor_layout y =
-      host::detail::dense_layout(operands[1].labels, operands[1].extents);
+  const tensor_layout y = dense_layout(operands[1].labels, operands[1].extents);
   bool summed_alone = false;
   for (std::size_t d = 0; d < x.rank; ++d)
     summed_alone = summed_alone || (!y.has(x.label[d]) && !z.has(x.label[d]));
@@ -651,10 +651,11 @@ void contract(std::span<const host::operand_view<T>> operands, std::string_view 
 
 // Braced-list convenience, as zest::host::contract.
 template <class T>
-void contract(std::initializer_list<host::operand_view<T>> operands, std::string_view out_labels,
-              T* out, std::span<const std::size_t> out_extents, bool accumulate = false) {
-  // Qualified: operand_view lives in zest::host, so unqualified lookup would find host::contract too.
-  cuda::contract<T>(std::span<const host::operand_view<T>>(operands.begin(), operands.size()),
+void contract(std::initializer_list<contraction::operand_view<T>> operands,
+              std::string_view out_labels, T* out, std::span<const std::size_t> out_extents,
+              bool accumulate = false) {
+  // Qualified, so that no other contract (zest::host's, for a caller that has it) is a candidate.
+  cuda::contract<T>(std::span<const contraction::operand_view<T>>(operands.begin(), operands.size()),
                     out_labels, out, out_extents, accumulate);
 }
 
@@ -709,8 +710,9 @@ struct cuda_backend {
   }
 
   template <class T>
-  static void contract(std::span<const host::operand_view<T>> operands, std::string_view out_labels,
-                       T* out, std::span<const std::size_t> out_extents) {
+  static void contract(std::span<const contraction::operand_view<T>> operands,
+                       std::string_view out_labels, T* out,
+                       std::span<const std::size_t> out_extents) {
     cuda::contract<T>(operands, out_labels, out, out_extents);
   }
 

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "zest/backend/contraction_plan.hpp"
 #include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/dtype.hpp"
@@ -38,9 +39,10 @@ namespace zest::host {
 
 namespace detail {
 
-// Below this many multiply-adds a call into BLAS costs more than the arithmetic; small
+// Below contraction::small_gemm_volume multiply-adds (zest/backend/contraction_plan.hpp: the
+// planner's cost model counts on it) a call into BLAS costs more than the arithmetic; small
 // products (batched dot products, outer products of short vectors) run in plain loops.
-inline constexpr std::size_t small_gemm_volume = 4096;
+using contraction::small_gemm_volume;
 
 // Loops in the compute type; for small products and as the last resort.
 template <class T>

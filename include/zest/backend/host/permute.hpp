@@ -21,6 +21,7 @@
 #include <span>
 #include <type_traits>
 
+#include "zest/backend/contraction_plan.hpp"
 #include "zest/config.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
@@ -28,6 +29,9 @@
 namespace zest::host {
 
 namespace detail {
+
+using contraction::dense_strides;
+using contraction::element_count;
 
 // Converts one element, going through the compute type so that bfloat16 <-> float works.
 template <class To, class From>
@@ -224,23 +228,6 @@ inline void check_rank(std::string_view what, std::size_t rank) {
     throw shape_error(zest::detail::message("zest: ", what, ": rank ", rank,
                                             " exceeds zest::max_dims = ", max_dims));
   }
-}
-
-// Row-major strides of a dense tensor: extents (2,3,4) -> strides (12,4,1).
-inline std::array<std::size_t, max_dims> dense_strides(std::span<const std::size_t> extents) {
-  std::array<std::size_t, max_dims> strides{};
-  std::size_t s = 1;
-  for (std::size_t d = extents.size(); d-- > 0;) {
-    strides[d] = s;
-    s *= extents[d];
-  }
-  return strides;
-}
-
-inline std::size_t element_count(std::span<const std::size_t> extents) {
-  std::size_t n = 1;
-  for (auto e : extents) n *= e;
-  return n;
 }
 
 }  // namespace detail
