@@ -1,4 +1,10 @@
-// zest/zest.hpp — the umbrella header: everything a user program needs.
+// zest/zest.hpp — the umbrella header: the library's types and operations, from meshes and
+// layouts to layers, ZeRO and MoE.
+//
+// What reads or writes files in formats of its own has an umbrella of its own, so that a
+// program that computes does not compile a JSON parser, a plotter or a terminal progress line:
+//   zest/io.hpp      checkpoints (zest/io/, zest/train/checkpoint.hpp) and the JSON they carry
+//   zest/report.hpp  the training log (JSON), the SVG plotter, the progress line
 //
 //   #include <zest/zest.hpp>
 //   using mesh_t = zest::mesh<"dp", "tp">;
@@ -15,7 +21,6 @@
 #include "zest/core/files.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/core/float16.hpp"
-#include "zest/core/json.hpp"
 #include "zest/core/memory.hpp"
 #include "zest/core/random.hpp"
 
@@ -66,7 +71,6 @@
 #include "zest/data/batches.hpp"
 #include "zest/data/text_dataset.hpp"
 
-#include "zest/io/checkpoint.hpp"
 #include "zest/io/checksum.hpp"
 #include "zest/io/tensor_record.hpp"
 
@@ -92,9 +96,4 @@
 #include "zest/optim/loss_scaler.hpp"
 #include "zest/optim/schedule.hpp"
 
-#include "zest/report/progress.hpp"
-#include "zest/report/svg_plot.hpp"
-#include "zest/report/training_log.hpp"
-
-#include "zest/train/checkpoint.hpp"
 #include "zest/train/train_step.hpp"
