@@ -110,13 +110,13 @@ struct gradient_report {
     std::ostringstream s;
     s.precision(10);
     if (ok()) {
-      s << "check_gradients: " << checked << " elements agree (loss " << loss
-        << ", largest difference " << worst_ratio << " of its tolerance)";
+      s << "check_gradients: " << checked << " elements agree with central differences (loss "
+        << loss << "; the largest difference is " << worst_ratio << " of its tolerance)";
       return s.str();
     }
     s << "check_gradients: " << failed << " of " << checked
-      << " elements disagree with central differences (loss " << loss << "; largest difference "
-      << worst_ratio << " times its tolerance)";
+      << " elements disagree with central differences (loss " << loss
+      << "; the largest difference is " << worst_ratio << " times its tolerance)";
     for (const auto& m : mismatches) s << "\n  " << m.describe();
     if (failed > mismatches.size()) s << "\n  ... and " << failed - mismatches.size() << " more";
     return s.str();
