@@ -7,7 +7,8 @@
 # A plain test is one doctest executable, registered as the CTest test <name>; its main()
 # is tests/support/doctest_main.cpp. An MPI test's main() is tests/support/mpi_main.cpp
 # (doctest on every rank, checked mode on, exit code = max over ranks); it is registered
-# once per process count, as <name>_np<N> (N in NPROCS, default 1 2 4), labelled `mpi`.
+# once per process count, as <name>_np<N> (N in NPROCS, default 1 2 4), labelled `mpi`; a
+# build without MPI (ZEST_WITH_MPI=OFF) skips it.
 # Sources include shared helpers relative to tests/: "support/mpi_test.hpp".
 #
 #   zest_add_test(host_contract SOURCES contract_test.cpp)
@@ -36,13 +37,16 @@ function(zest_testing_setup)
   target_link_libraries(zest_test_doctest_main PUBLIC doctest::doctest)
   zest_enable_warnings(zest_test_doctest_main)
 
-  add_library(zest_test_mpi_main OBJECT "${support}/mpi_main.cpp")
-  if(ZEST_TEST_MPI_POLITE_WAIT)
-    target_sources(zest_test_mpi_main PRIVATE "${support}/mpi_polite_wait.cpp")
+  # Without MPI (ZEST_WITH_MPI=OFF) zest_add_test skips the MPI tests: no MPI main.
+  if(ZEST_HAS_MPI)
+    add_library(zest_test_mpi_main OBJECT "${support}/mpi_main.cpp")
+    if(ZEST_TEST_MPI_POLITE_WAIT)
+      target_sources(zest_test_mpi_main PRIVATE "${support}/mpi_polite_wait.cpp")
+    endif()
+    target_include_directories(zest_test_mpi_main PUBLIC "${PROJECT_SOURCE_DIR}/tests")
+    target_link_libraries(zest_test_mpi_main PUBLIC zest::zest doctest::doctest)
+    zest_enable_warnings(zest_test_mpi_main)
   endif()
-  target_include_directories(zest_test_mpi_main PUBLIC "${PROJECT_SOURCE_DIR}/tests")
-  target_link_libraries(zest_test_mpi_main PUBLIC zest::zest doctest::doctest)
-  zest_enable_warnings(zest_test_mpi_main)
 
   # What a program linking zest::zest is compiled with (transitively: Eigen, MPI, BLAS),
   # for the tests that run a compiler themselves (compile_fail, cuda).
@@ -67,6 +71,11 @@ function(zest_add_test name)
     message(FATAL_ERROR "zest_add_test(${name}): NPROCS needs MPI")
   endif()
   set(target "zest_test_${name}")
+  if(arg_MPI AND NOT ZEST_HAS_MPI)
+    # A build without MPI (ZEST_WITH_MPI=OFF) has the tests that run in one process only.
+    set_property(GLOBAL APPEND PROPERTY ZEST_TESTS_SKIPPED_WITHOUT_MPI "${name}")
+    return()
+  endif()
   if(TARGET "${target}")
     message(FATAL_ERROR "zest_add_test(${name}): a test of that name exists already")
   endif()
