@@ -1,5 +1,5 @@
 // expect: zest layout_is: the tensor's layout is not the expected one
-// expect: tensor_layout<
+// expect: actual_layout<
 // expect: {"split(b:dp) partial(tp)"}
 // expect: expected_layout<
 // expect: {"split(b:dp)"}

@@ -25,7 +25,7 @@
 //          note: in instantiation of template class 'zest::deduced_layout<layout_text<n + 1>
 //          {"split(b:dp) partial(tp)"}>' requested here
 //
-//   and for layout_is, layout_mismatch<tensor_layout<{"split(b:dp) partial(tp)"}>,
+//   and for layout_is, layout_mismatch<actual_layout<{"split(b:dp) partial(tp)"}>,
 //   expected_layout<{"split(b:dp)"}>> (abridged). clang prints a string argument whole only up
 //   to 36 characters, so a longer text comes in pieces of at most 32, cut between placements:
 //   deduced_layout<{"split(b:tensor)"}, {"split(m:expert,data)"}, {"partial(pipe)"}>.
@@ -262,7 +262,7 @@ struct deduced_layout {
 
 // The two sides of a mismatch, as layout_is prints them.
 template <layout_text... Layout>
-struct tensor_layout {
+struct actual_layout {
   static constexpr std::size_t pieces = sizeof...(Layout);
 };
 template <layout_text... Layout>
@@ -273,7 +273,7 @@ template <class Tensor, class Expected>
 struct layout_mismatch {
   static_assert(Tensor::pieces == 0 && Tensor::pieces != 0,
                 "zest layout_is: the tensor's layout is not the expected one. Both are shown "
-                "with this error: layout_mismatch<tensor_layout<...>, expected_layout<...>>.");
+                "with this error: layout_mismatch<actual_layout<...>, expected_layout<...>>.");
   static constexpr bool value = false;
 };
 
@@ -302,7 +302,7 @@ constexpr bool layout_is_of() {
       return true;
     } else {
       return layout_mismatch<
-          typename pieces_of<tensor_layout, mesh_t, layout_key(t::layout)>::type,
+          typename pieces_of<actual_layout, mesh_t, layout_key(t::layout)>::type,
           typename pieces_of<expected_layout, mesh_t, layout_key(want)>::type>::value;
     }
   }
