@@ -1,6 +1,7 @@
 // zest/zero/training_policy.hpp — what a model is built with: mesh, ZeRO stage, precision.
 //
-//   using policy = zest::training_policy<zest::mesh<"dp", "tp">, zest::zero_stage<3>, zest::bfloat16>;
+//   using mesh_t = zest::mesh<"dp", "tp">;
+//   using policy = zest::training_policy<mesh_t, zest::zero_stage<3>, zest::bfloat16>;
 //   policy::data_axis;   // 0: the mesh axis the stage partitions over
 //   policy::has_master;  // true: fp32 master weights beside the 16-bit parameters
 //

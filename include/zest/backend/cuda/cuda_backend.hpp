@@ -9,8 +9,8 @@
 //   copy_slices    cudaMemcpy2DAsync, or a kernel for narrow rows
 //   fill           cudaMemsetAsync for zero, a kernel otherwise
 //   contract       the planner's permute + strided batched GEMM plan (contraction_plan.hpp),
-//                  run as kernels and cublasGemmStridedBatchedEx: float (TF32 tensor cores when allowed, see
-//                  settings()), double, and bfloat16 with float accumulation
+//                  run as kernels and cublasGemmStridedBatchedEx: float (TF32 tensor cores
+//                  when allowed, see settings()), double, and bfloat16 with float accumulation
 //   from_host / to_host
 // Everything runs on cuda::compute_stream(), asynchronously; to_host waits.
 //
@@ -44,8 +44,8 @@
 #include <unordered_map>
 
 #include "zest/backend/backend.hpp"
-#include "zest/backend/cuda/device_memory.hpp"
 #include "zest/backend/contraction_plan.hpp"
+#include "zest/backend/cuda/device_memory.hpp"
 #include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/error.hpp"
@@ -655,8 +655,9 @@ void contract(std::initializer_list<contraction::operand_view<T>> operands,
               std::string_view out_labels, T* out, std::span<const std::size_t> out_extents,
               bool accumulate = false) {
   // Qualified, so that no other contract (zest::host's, for a caller that has it) is a candidate.
-  cuda::contract<T>(std::span<const contraction::operand_view<T>>(operands.begin(), operands.size()),
-                    out_labels, out, out_extents, accumulate);
+  using view = contraction::operand_view<T>;
+  cuda::contract<T>(std::span<const view>(operands.begin(), operands.size()), out_labels, out,
+                    out_extents, accumulate);
 }
 
 }  // namespace cuda

@@ -105,7 +105,7 @@ struct mpi_call {
   std::uint64_t elements = 0;  // the count shown in messages (all_to_all: elements sent)
   std::uint64_t bytes = 0;     // what this rank sends, per communicator.hpp's model
   std::string invalid;         // why the buffers do not fit; empty when they do
-  source_site where;  // the caller's call of the public entry point
+  source_site where;           // the caller's call of the public entry point
   std::string context;         // checked mode: collective_context::current()'s text
 
   // Filled only in checked mode, for the fingerprint.

@@ -35,7 +35,6 @@ inline constexpr std::string_view manifest_file_name = "manifest.json";
 
 namespace detail {
 
-
 inline std::size_t element_size(dtype t) {
   switch (t) {
     case dtype::f32: return sizeof(float);
@@ -156,7 +155,6 @@ inline std::size_t& read_chunk_bytes() {
 // Bytes per write when saving: each piece is checksummed, then written while it is still
 // in cache.
 inline constexpr std::size_t write_chunk_bytes = std::size_t{4} << 20U;
-
 
 // A random id for a save, drawn by rank 0: the generation in its shard names. 64 random
 // bits (the device's entropy, the clock and the process id, mixed): two saves into one
