@@ -1,6 +1,6 @@
 // The MoE layer (zest/moe/moe_layer.hpp) under the ZeRO engine on mesh<"dp", "ep">: the
 // index path equals the einsum path; N ranks (each 2-D shape of the world size) equal one
-// rank (local_mesh), output and gradients of the input, gate and experts, under ZeRO stages
+// rank (the same mesh type over MPI_COMM_SELF), output and gradients of the input, gate and experts, under ZeRO stages
 // 0 and 3, with even and uneven group counts (a rank without tokens); the all-to-all bytes
 // of a forward and backward equal the layer's formula and the closed form; E that does not
 // divide over the expert axis throws (the static case is tests/compile_fail/
@@ -28,7 +28,6 @@ using namespace zest::testing;
 namespace ad = zest::autodiff;
 
 using mesh2 = mesh<"dp", "ep">;
-using local2 = local_mesh<"dp", "ep">;
 using tokens = layout<split<'b', "dp", "ep">>;
 
 template <class Mesh, int Stage>
@@ -158,7 +157,8 @@ std::vector<mesh2> meshes() {
 
 template <int Stage, class Tokens = tokens>
 void check_against_one_rank(const setup& s) {
-  const local2 one;
+  // One rank: the same mesh type over MPI_COMM_SELF, so the layer is compiled once per stage.
+  const mesh2 one(MPI_COMM_SELF, std::array<int, 2>{1, 1});
   const layer_result want = run_layer<Stage, Tokens>(one, s, false);
   CHECK(want.dropped > 0);  // the capacity binds: the drop path is exercised
   for (const auto& m : meshes()) {

@@ -26,7 +26,7 @@ using namespace zest::testing;
 
 using saving_policy = training_policy<world_mesh, zero_stage<1>, float>;
 using loading_policy = training_policy<world_mesh, zero_stage<3>, float>;
-using single_policy = training_policy<single_mesh, zero_stage<0>, float>;
+using single_policy = training_policy<world_mesh, zero_stage<0>, float>;
 
 std::filesystem::path shared_temp_dir(const char* tag) {
   int rank = 0;
@@ -58,7 +58,7 @@ TEST_CASE("a run saved on 2 ranks resumes on N ranks and on 1 with the same loss
   const auto dir = shared_temp_dir("resume");
 
   // The uninterrupted run, on one rank.
-  const single_mesh one;
+  const auto one = make_single_mesh();
   zero_engine<single_policy> ref_engine(one, {.seed = 21});
   gpt<single_policy> ref_model(ref_engine, small_gpt());
   const auto reference = train_steps(ref_engine, ref_model, 0, 20);

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -22,7 +23,6 @@
 namespace zest::testing {
 
 using world_mesh = zest::mesh<"dp">;
-using single_mesh = zest::local_mesh<"dp">;
 
 inline gpt_options small_gpt() {
   gpt_options o;
@@ -51,6 +51,18 @@ inline world_mesh make_world_mesh() {
   int n = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   return world_mesh(MPI_COMM_WORLD, {n});
+}
+
+// The one-rank reference of an N-rank run: the same mesh type over MPI_COMM_SELF, so the
+// reference shares the N-rank run's instantiations instead of compiling the model a second
+// time for another mesh type (half of these tests' compile time), and its collectives move
+// nothing. What differs between the runs is what the comparison is about: the shards, the
+// collectives and the ZeRO partitioning. zest::local_mesh has tests of its own (tests/mesh).
+template <class Mesh = world_mesh>
+Mesh make_single_mesh() {
+  std::array<int, Mesh::axis_count> ones{};
+  ones.fill(1);
+  return Mesh(MPI_COMM_SELF, ones);
 }
 
 // Every parameter's stored value, whole, by name.

@@ -23,7 +23,6 @@ using namespace zest::testing;
 
 using stage_t = zero_stage<test_stage>;
 using world_policy = training_policy<world_mesh, stage_t, float>;
-using single_policy = training_policy<single_mesh, stage_t, float>;
 
 TEST_CASE("ZeRO stage K: N ranks train like one rank") {
   const auto mesh = make_world_mesh();
@@ -32,9 +31,9 @@ TEST_CASE("ZeRO stage K: N ranks train like one rank") {
   const auto losses = train_steps(engine, model, 0, 20);
   const auto params = parameter_values(engine);
 
-  const single_mesh one;
-  zero_engine<single_policy> ref_engine(one, {.seed = 11});
-  gpt<single_policy> ref_model(ref_engine, small_gpt());
+  const auto one = make_single_mesh();
+  zero_engine<world_policy> ref_engine(one, {.seed = 11});
+  gpt<world_policy> ref_model(ref_engine, small_gpt());
   const auto ref_losses = train_steps(ref_engine, ref_model, 0, 20);
   const auto ref_params = parameter_values(ref_engine);
 
