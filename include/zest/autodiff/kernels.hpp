@@ -1,13 +1,16 @@
-// zest/autodiff/kernels.hpp — the loop bodies of autodiff on every backend but the host one.
+// zest/autodiff/kernels.hpp — the loop bodies of autodiff, one definition for every backend.
 //
-//   B::for_each(y.local_count(), kernels::gelu_forward<T>{x, y});     // y[i] = gelu(x[i])
-//   B::for_each(rows, kernels::softmax_rows<T, false>{x, y, walk, window});  // one row per call
+//   for_each_kernel<B>(y.local_count(), kernels::unary_forward<T, gelu_fn>{x, y, {}});
+//   for_each_kernel<B>(rows, kernels::layer_norm_rows<T>{x, g, b, y, mean, rstd, walk, eps});
 //
-// The host backend runs tape.hpp's and ops.hpp's own loops (Eigen array expressions where
-// they are vectorised); every other backend runs these function objects through
-// Backend::for_each and Backend::sum (zest/backend/backend.hpp), as CUDA kernels on the GPU.
 // Each is a small trivially copyable struct of raw pointers, sizes and scalars whose call
-// operator is ZEST_HOST_DEVICE: no exceptions, no allocation, dmath instead of std::exp.
+// operator is ZEST_HOST_DEVICE: no exceptions, no allocation, dmath instead of std::exp. Every
+// backend runs the call operator (Backend::for_each, Backend::sum; CUDA kernels on the GPU,
+// plain loops on the emulated backend). Where the host needs it for speed a kernel also has a
+// host-vectorised member, `host(n)` or `host_sum(n)`, that does the same loop over host memory
+// with Eigen array expressions (vectorised exp and tanh included): the host backend calls it
+// (zest::for_each_kernel, zest/backend/backend.hpp). A host member computes what the call
+// operator computes, in the order of operations the host always had.
 //
 // Determinism: no atomics. A sum that the host accumulates element by element (a bias's or
 // layer norm's parameter gradient, an embedding table's rows) is one call per output element
@@ -15,12 +18,32 @@
 // host's sums where the host's loop is not vectorised.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include <Eigen/Core>
 
 #include "zest/config.hpp"
 #include "zest/core/device_math.hpp"
 #include "zest/core/random.hpp"
+
+namespace zest::autodiff {
+
+// One row of a local shard, as a row-wise op's function object sees it: n elements `stride`
+// apart (autodiff::rowwise, zest/autodiff/op.hpp).
+template <class T>
+struct row {
+  T* data;
+  std::size_t n, stride;
+  ZEST_HOST_DEVICE T& operator[](std::size_t j) const { return data[j * stride]; }
+  ZEST_HOST_DEVICE std::size_t size() const { return n; }
+};
+
+}  // namespace zest::autodiff
 
 namespace zest::autodiff::kernels {
 
@@ -174,6 +197,88 @@ struct global_index {
 };
 
 // ---------------------------------------------------------------------------------------
+// Host-vectorised loops: what the host members below run. A contiguous run of n elements is
+// an Eigen array map (vectorised whatever the optimisation flags, exp and tanh included; the
+// compiler's vector width: -mavx2 -mfma or -march=native make exp and tanh about four times
+// faster than plain x86-64). Host code only: never called from a call operator.
+
+namespace host_loops {
+
+template <class T>
+using array_map = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using const_array_map = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+array_map<T> as_array(T* p, std::size_t n) {
+  return array_map<T>(p, static_cast<Eigen::Index>(n));
+}
+template <class T>
+const_array_map<T> as_array(const T* p, std::size_t n) {
+  return const_array_map<T>(p, static_cast<Eigen::Index>(n));
+}
+template <class T>
+constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+
+// y = exp(x - m) over n > 0 contiguous entries, exactly 0 where x is -infinity (Eigen's
+// vectorised exp returns a tiny denormal there, which would slow the steps that follow;
+// rows without -infinity skip the fix-up).
+template <class T>
+void exp_shifted(const T* x, T* y, std::size_t n, T m) {
+  const auto xs = as_array(x, n);
+  as_array(y, n) = (xs - m).exp();
+  if (xs.minCoeff() == minus_infinity<T>) {
+    for (std::size_t j = 0; j < n; ++j) y[j] = x[j] == minus_infinity<T> ? T(0) : y[j];
+  }
+}
+// The log of the sum of exp over n > 0 contiguous entries, the max subtracted first.
+template <class T>
+T log_sum_exp(const T* x, std::size_t n) {
+  const auto xs = as_array(x, n);
+  const T m = xs.maxCoeff();
+  return m + std::log((xs - m).exp().sum());  // -infinity adds a negligible tiny term
+}
+
+// A broadcast walk (see broadcast_map): the big shard as `rows` runs of `run` contiguous
+// elements along its last group; f(big_first, small_first, step) per run, element j of the run
+// at big_first + j and small_first + j * step (step a compile-time 1 or 0).
+template <class F>
+void for_each_run(const broadcast_map& m, F&& f) {
+  if (m.groups == 0) return;
+  const std::size_t last = m.groups - 1, run = m.extent[last];
+  std::size_t rows = 1;
+  for (std::size_t g = 0; g < last; ++g) rows *= m.extent[g];
+  const auto walk = [&](auto step) {
+    std::size_t index[max_dims] = {};
+    std::size_t small = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      f(r * run, small, step);
+      for (std::size_t g = last; g-- > 0;) {
+        small += m.small_stride[g];
+        if (++index[g] < m.extent[g]) break;
+        small -= m.small_stride[g] * m.extent[g];
+        index[g] = 0;
+      }
+    }
+  };
+  if (m.small_stride[last] != 0) {
+    walk(std::integral_constant<std::size_t, 1>{});
+  } else {
+    walk(std::integral_constant<std::size_t, 0>{});
+  }
+}
+
+// Strided rows (a walk along a dim that is not the last) through the kernel's call operator:
+// true when it ran them, false for contiguous rows, which the caller vectorises.
+template <class Kernel, class Walk>
+bool strided_rows(const Kernel& k, const Walk& walk, std::size_t rows) {
+  if (walk.inner == 1) return false;
+  for (std::size_t r = 0; r < rows; ++r) k(r);
+  return true;
+}
+
+}  // namespace host_loops
+
+// ---------------------------------------------------------------------------------------
 // Broadcasting and reductions.
 
 // z[i] = x[i] (+ or *) y[small(i)].
@@ -187,6 +292,25 @@ struct broadcast_combine {
     const T b = y[map.small_of(i)];
     z[i] = Multiply ? x[i] * b : x[i] + b;
   }
+  void host(std::size_t) const {
+    using host_loops::as_array;
+    const std::size_t n = map.extent[map.groups > 0 ? map.groups - 1 : 0];
+    host_loops::for_each_run(map, [&](std::size_t b, std::size_t s, auto step) {
+      const auto xs = as_array(x + b, n);
+      auto zs = as_array(z + b, n);
+      if constexpr (decltype(step)::value == 0) {
+        if constexpr (Multiply) {
+          zs = xs * y[s];
+        } else {
+          zs = xs + y[s];
+        }
+      } else if constexpr (Multiply) {
+        zs = xs * as_array(y + s, n);
+      } else {
+        zs = xs + as_array(y + s, n);
+      }
+    });
+  }
 };
 // big[i] = small[small(i)].
 template <class T>
@@ -195,11 +319,23 @@ struct broadcast_expand {
   T* big;
   broadcast_map map;
   ZEST_HOST_DEVICE void operator()(std::size_t i) const { big[i] = small[map.small_of(i)]; }
+  void host(std::size_t) const {
+    using host_loops::as_array;
+    const std::size_t n = map.extent[map.groups > 0 ? map.groups - 1 : 0];
+    host_loops::for_each_run(map, [&](std::size_t b, std::size_t s, auto step) {
+      if constexpr (decltype(step)::value == 0) {
+        as_array(big + b, n).setConstant(small[s]);
+      } else {
+        as_array(big + b, n) = as_array(small + s, n);
+      }
+    });
+  }
 };
 // small[s] = the sum of big (times weight, when set) over the big elements of s, in order.
 // With chunk < absent_count, one call per (chunk c, small s) sums the c-th run of `chunk`
 // terms into partial[c * smalls + s] instead (add_chunks then adds the chunks in order):
-// a GPU then has chunks x smalls calls to run, not smalls, for a bias over many rows.
+// a GPU then has chunks x smalls calls to run, not smalls, for a bias over many rows. The
+// host member (one pass, chunk >= absent_count: zest::sum_chunk_of) adds whole runs.
 template <class T>
 struct broadcast_sum {
   const T* big;
@@ -220,6 +356,25 @@ struct broadcast_sum {
     }
     small[i] = total;
   }
+  void host(std::size_t n_small) const {
+    if (chunk < map.absent_count) {  // partial sums: the plain loop
+      for (std::size_t i = 0; i < n_small; ++i) (*this)(i);
+      return;
+    }
+    using host_loops::as_array;
+    std::fill_n(small, n_small, T(0));
+    const std::size_t n = map.extent[map.groups > 0 ? map.groups - 1 : 0];
+    host_loops::for_each_run(map, [&](std::size_t b, std::size_t s, auto step) {
+      const auto bs = as_array(big + b, n);
+      if constexpr (decltype(step)::value == 0) {
+        small[s] += weight ? (bs * as_array(weight + b, n)).sum() : bs.sum();
+      } else if (weight) {
+        as_array(small + s, n) += bs * as_array(weight + b, n);
+      } else {
+        as_array(small + s, n) += bs;
+      }
+    });
+  }
 };
 // out[s] = the sum over c < chunks of partial[c * smalls + s], in order of c.
 template <class T>
@@ -237,28 +392,111 @@ struct add_chunks {
 inline constexpr std::size_t sum_chunk = 256;
 
 // ---------------------------------------------------------------------------------------
+// Elementwise, given an operation: autodiff::unary and autodiff::binary (op.hpp).
+//
+// Fn has value(x) and derivative(x, y) (dy/dx at x, y = value(x)), both ZEST_HOST_DEVICE;
+// optionally host_value(x, y, n) and host_backward(x, y, dz, dx, n) over n contiguous host
+// elements (dx = dz * derivative), which the host backend calls instead.
+
+template <class T, class Fn>
+struct unary_forward {
+  const T* x;
+  T* y;
+  Fn fn;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const { y[i] = static_cast<T>(fn.value(x[i])); }
+  void host(std::size_t n) const
+    requires requires(const Fn& f, const T* a, T* b) { f.host_value(a, b, std::size_t{}); }
+  {
+    fn.host_value(x, y, n);
+  }
+};
+template <class T, class Fn>
+struct unary_backward {
+  const T* x;
+  const T* y;
+  const T* dz;
+  T* dx;
+  Fn fn;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    dx[i] = dz[i] * static_cast<T>(fn.derivative(x[i], y[i]));
+  }
+  void host(std::size_t n) const
+    requires requires(const Fn& f, const T* a, T* b) { f.host_backward(a, a, a, b, std::size_t{}); }
+  {
+    fn.host_backward(x, y, dz, dx, n);
+  }
+};
+// Fn has value(a, b), derivative_first(a, b, z) and derivative_second(a, b, z).
+template <class T, class Fn>
+struct binary_forward {
+  const T* a;
+  const T* b;
+  T* z;
+  Fn fn;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    z[i] = static_cast<T>(fn.value(a[i], b[i]));
+  }
+};
+// da = dz * dz/da (Second = false) or db = dz * dz/db.
+template <class T, class Fn, bool Second>
+struct binary_backward {
+  const T* a;
+  const T* b;
+  const T* z;
+  const T* dz;
+  T* d;
+  Fn fn;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    if constexpr (Second) {
+      d[i] = dz[i] * static_cast<T>(fn.derivative_second(a[i], b[i], z[i]));
+    } else {
+      d[i] = dz[i] * static_cast<T>(fn.derivative_first(a[i], b[i], z[i]));
+    }
+  }
+};
+// out[i] = c[i] != 0 ? a[i] : b[i] (a or b null: 0 there).
+template <class T, class C>
+struct select {
+  const C* c;
+  const T* a;
+  const T* b;
+  T* out;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    out[i] = c[i] != C(0) ? (a ? a[i] : T(0)) : (b ? b[i] : T(0));
+  }
+};
+
+// ---------------------------------------------------------------------------------------
 // Elementwise nonlinear.
 
 // GPT-2's gelu: 0.5 x (1 + tanh(c (x + a x^3))), c = sqrt(2 / pi), a = 0.044715.
-template <class T>
-struct gelu_forward {
-  const T* x;
-  T* y;
-  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
-    const T c = T(0.7978845608028654), a = T(0.044715), v = x[i];
-    y[i] = T(0.5) * v * (T(1) + dmath::tanh(c * (v + a * (v * v * v))));
+struct gelu_fn {
+  template <class T>
+  ZEST_HOST_DEVICE T value(T v) const {
+    const T c = T(0.7978845608028654), a = T(0.044715);
+    return T(0.5) * v * (T(1) + dmath::tanh(c * (v + a * (v * v * v))));
   }
-};
-template <class T>
-struct gelu_backward {
-  const T* x;
-  const T* dz;
-  T* dx;
-  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
-    const T c = T(0.7978845608028654), a = T(0.044715), v = x[i];
+  template <class T>
+  ZEST_HOST_DEVICE T derivative(T v, T) const {
+    const T c = T(0.7978845608028654), a = T(0.044715);
     const T t = dmath::tanh(c * (v + a * (v * v * v)));
-    dx[i] = dz[i] *
-            (T(0.5) * (T(1) + t) + T(0.5) * c * v * (T(1) - t * t) * (T(1) + T(3) * a * (v * v)));
+    return T(0.5) * (T(1) + t) + T(0.5) * c * v * (T(1) - t * t) * (T(1) + T(3) * a * (v * v));
+  }
+  template <class T>
+  void host_value(const T* x, T* y, std::size_t n) const {
+    constexpr T c = T(0.7978845608028654), a = T(0.044715);
+    const auto xs = host_loops::as_array(x, n);
+    host_loops::as_array(y, n) = T(0.5) * xs * (T(1) + (c * (xs + a * xs.cube())).tanh());
+  }
+  template <class T>
+  void host_backward(const T* x, const T*, const T* dz, T* dx, std::size_t n) const {
+    constexpr T c = T(0.7978845608028654), a = T(0.044715);
+    const auto xs = host_loops::as_array(x, n);
+    auto t = host_loops::as_array(dx, n);
+    t = (c * (xs + a * xs.cube())).tanh();  // dx holds tanh(u) for the second pass
+    t = host_loops::as_array(dz, n) *
+        (T(0.5) * (T(1) + t) +
+         T(0.5) * c * xs * (T(1) - t.square()) * (T(1) + T(3) * a * xs.square()));
   }
 };
 
@@ -271,63 +509,89 @@ struct dropout_apply {
   global_index index;
   std::uint64_t key, threshold;
   T scale;
+  ZEST_HOST_DEVICE bool keep(std::uint64_t g) const {
+    return (splitmix64(key ^ g) >> 11) >= threshold;
+  }
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
-    const bool keep = (splitmix64(key ^ index(i)) >> 11) >= threshold;
-    out[i] = in[i] * (keep ? scale : T(0));
+    out[i] = in[i] * (keep(index(i)) ? scale : T(0));
+  }
+  // Runs along the last dim: one global index per run, the rest consecutive.
+  void host(std::size_t n) const {
+    const std::size_t run = index.rank == 0 ? 1 : index.local[index.rank - 1];
+    if (run == 0) return;
+    for (std::size_t l = 0; l < n; l += run) {
+      const std::uint64_t g = index(l);
+      for (std::size_t j = 0; j < run; ++j) out[l + j] = in[l + j] * (keep(g + j) ? scale : T(0));
+    }
   }
 };
 
 // ---------------------------------------------------------------------------------------
-// Along one dim: one call per row.
+// Along one dim: one call per row. The host members run contiguous rows (inner == 1) as Eigen
+// array expressions and strided rows through the call operator.
 
-// Softmax (Log = false) or log-softmax of each row over its window; masked entries get 0
-// (or -infinity).
-template <class T, bool Log>
-struct softmax_rows {
-  const T* x;
-  T* y;
-  row_walk walk;
-  causal_window window;
-  ZEST_HOST_DEVICE void operator()(std::size_t row) const {
-    const std::size_t f = walk.first(row), s = walk.inner, n = walk.n;
-    std::size_t lo = 0, hi = n;
-    window.kept(row, lo, hi);
-    const T fill = Log ? -dmath::infinity<T>() : T(0);
-    for (std::size_t j = 0; j < lo; ++j) y[f + j * s] = fill;
-    for (std::size_t j = hi; j < n; ++j) y[f + j * s] = fill;
-    if (lo >= hi) return;
+// Softmax (Log = false) or log-softmax of a row (autodiff::rowwise's function object; the
+// causal softmax runs it on each row's window, the masked entries 0 or -infinity).
+// Backward: from y = softmax, dx = y (dz - sum(dz y)); from y = log-softmax,
+// dx = dz - exp(y) sum(dz).
+template <bool Log>
+struct softmax_fn {
+  template <class T>
+  static ZEST_HOST_DEVICE T masked_value() {
+    return Log ? -dmath::infinity<T>() : T(0);
+  }
+  template <class T>
+  ZEST_HOST_DEVICE void forward(row<const T> x, row<T> y) const {
+    const std::size_t n = x.size();
     T m = -dmath::infinity<T>();
-    for (std::size_t j = lo; j < hi; ++j) m = dmath::max(m, x[f + j * s]);
+    for (std::size_t j = 0; j < n; ++j) m = dmath::max(m, x[j]);
     T sum = 0;
     if (Log) {
-      for (std::size_t j = lo; j < hi; ++j) sum += dmath::exp(x[f + j * s] - m);
+      for (std::size_t j = 0; j < n; ++j) sum += dmath::exp(x[j] - m);
       const T lse = m + dmath::log(sum);
-      for (std::size_t j = lo; j < hi; ++j) y[f + j * s] = x[f + j * s] - lse;
+      for (std::size_t j = 0; j < n; ++j) y[j] = x[j] - lse;
     } else {
-      for (std::size_t j = lo; j < hi; ++j) {
-        const T e = dmath::exp(x[f + j * s] - m);
-        y[f + j * s] = e;
+      for (std::size_t j = 0; j < n; ++j) {
+        const T e = dmath::exp(x[j] - m);
+        y[j] = e;
         sum += e;
       }
       const T r = T(1) / sum;
-      for (std::size_t j = lo; j < hi; ++j) y[f + j * s] *= r;
+      for (std::size_t j = 0; j < n; ++j) y[j] *= r;
     }
   }
-};
-// From y = softmax: dx = y (dz - sum(dz y)); from y = log-softmax: dx = dz - exp(y) sum(dz).
-template <class T, bool Log>
-struct softmax_backward_rows {
-  const T* y;
-  const T* dz;
-  T* dx;
-  row_walk walk;
-  ZEST_HOST_DEVICE void operator()(std::size_t row) const {
-    const std::size_t f = walk.first(row), s = walk.inner, n = walk.n;
+  template <class T>
+  ZEST_HOST_DEVICE void backward(row<const T>, row<const T> y, row<const T> dz, row<T> dx) const {
+    const std::size_t n = y.size();
     T total = 0;
-    for (std::size_t j = 0; j < n; ++j) total += Log ? dz[f + j * s] : dz[f + j * s] * y[f + j * s];
+    for (std::size_t j = 0; j < n; ++j) total += Log ? dz[j] : dz[j] * y[j];
     for (std::size_t j = 0; j < n; ++j) {
-      const std::size_t i = f + j * s;
-      dx[i] = Log ? dz[i] - dmath::exp(y[i]) * total : y[i] * (dz[i] - total);
+      dx[j] = Log ? dz[j] - dmath::exp(y[j]) * total : y[j] * (dz[j] - total);
+    }
+  }
+  template <class T>
+  void host_forward(const T* x, T* y, std::size_t n) const {
+    using host_loops::as_array;
+    if constexpr (Log) {
+      as_array(y, n) = as_array(x, n) - host_loops::log_sum_exp(x, n);
+    } else {
+      host_loops::exp_shifted(x, y, n, as_array(x, n).maxCoeff());
+      auto ys = as_array(y, n);
+      ys *= T(1) / ys.sum();
+    }
+  }
+  template <class T>
+  void host_backward(const T*, const T* y, const T* dz, T* dx, std::size_t n) const {
+    using host_loops::as_array;
+    const auto ys = as_array(y, n);
+    const auto dzs = as_array(dz, n);
+    if constexpr (Log) {
+      const T total = dzs.sum();
+      host_loops::exp_shifted(y, dx, n, T(0));
+      as_array(dx, n) = dzs - as_array(dx, n) * total;
+    } else {
+      const T dot = (dzs * ys).sum();
+      as_array(dx, n) = ys * (dzs - dot);
     }
   }
 };
@@ -371,6 +635,20 @@ struct layer_norm_rows {
     mean[row] = mu;
     rstd[row] = r;
   }
+  void host(std::size_t rows) const {
+    if (host_loops::strided_rows(*this, walk, rows)) return;
+    using host_loops::as_array;
+    const std::size_t n = walk.n;
+    const T inv_n = T(1) / static_cast<T>(std::max<std::size_t>(n, 1));
+    for (std::size_t row = 0; row < rows; ++row) {
+      const auto xs = as_array(x + row * n, n);
+      const T mu = xs.sum() * inv_n;
+      const T r = T(1) / std::sqrt((xs - mu).square().sum() * inv_n + eps);
+      as_array(y + row * n, n) = (xs - mu) * r * as_array(gamma, n) + as_array(beta, n);
+      mean[row] = mu;
+      rstd[row] = r;
+    }
+  }
 };
 // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), xhat = (x - mean) rstd, dxhat =
 // dz gamma.
@@ -401,10 +679,25 @@ struct layer_norm_backward_rows {
       dx[f + j * s] = r * (dz[f + j * s] * gamma[j] - mean_d - xhat * mean_dx);
     }
   }
+  void host(std::size_t rows) const {
+    if (host_loops::strided_rows(*this, walk, rows)) return;
+    using host_loops::as_array;
+    const std::size_t n = walk.n;
+    const T inv_n = T(1) / static_cast<T>(std::max<std::size_t>(n, 1));
+    for (std::size_t row = 0; row < rows; ++row) {
+      const T mu = mean[row], r = rstd[row];
+      const auto xhat = (as_array(x + row * n, n) - mu) * r;
+      const auto dxhat = as_array(dz + row * n, n) * as_array(gamma, n);
+      const T mean_d = dxhat.sum() * inv_n;
+      const T mean_dx = (dxhat * xhat).sum() * inv_n;
+      as_array(dx + row * n, n) = r * (dxhat - mean_d - xhat * mean_dx);
+    }
+  }
 };
 // dgamma[j] = sum over rows of dz xhat, dbeta[j] = sum of dz: one call per (chunk of
 // `chunk` rows c, column j), rows in order, into dgamma[c * n + j] and dbeta[c * n + j]
-// (add_chunks adds the chunks when there are several).
+// (add_chunks adds the chunks when there are several). The host member (one chunk) adds
+// whole rows.
 template <class T>
 struct layer_norm_parameter_grads {
   const T* x;
@@ -427,6 +720,20 @@ struct layer_norm_parameter_grads {
     dgamma[i] = g;
     dbeta[i] = b;
   }
+  void host(std::size_t count) const {
+    if (walk.inner != 1 || chunk < rows) {
+      for (std::size_t i = 0; i < count; ++i) (*this)(i);
+      return;
+    }
+    using host_loops::as_array;
+    std::fill_n(dgamma, n, T(0));
+    std::fill_n(dbeta, n, T(0));
+    for (std::size_t row = 0; row < rows; ++row) {
+      const auto dzs = as_array(dz + row * n, n);
+      as_array(dgamma, n) += dzs * ((as_array(x + row * n, n) - mean[row]) * rstd[row]);
+      as_array(dbeta, n) += dzs;
+    }
+  }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -443,6 +750,11 @@ struct embedding_gather {
     const std::size_t p = i / width, j = i % width;
     y[i] = table[static_cast<std::size_t>(ids[p]) * width + j];
   }
+  void host(std::size_t n) const {
+    if (width == 0) return;
+    for (std::size_t p = 0; p < n / width; ++p)
+      std::copy_n(table + static_cast<std::size_t>(ids[p]) * width, width, y + p * width);
+  }
 };
 // grad[r][j] = the sum of dz[p][j] over the positions p whose id is r, in order: one call
 // per table element. The positions of row r are order[first[r]] .. order[first[r + 1] - 1]
@@ -450,16 +762,25 @@ struct embedding_gather {
 template <class T>
 struct embedding_scatter {
   const T* dz;
-  const std::uint32_t* first;
-  const std::uint32_t* order;
+  const std::size_t* first;
+  const std::size_t* order;
   T* grad;
   std::size_t width;
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t r = i / width, j = i % width;
     T total = 0;
-    for (std::uint32_t k = first[r]; k < first[r + 1]; ++k)
-      total += dz[static_cast<std::size_t>(order[k]) * width + j];
+    for (std::size_t k = first[r]; k < first[r + 1]; ++k) total += dz[order[k] * width + j];
     grad[i] = total;
+  }
+  void host(std::size_t n) const {
+    if (width == 0) return;
+    using host_loops::as_array;
+    for (std::size_t r = 0; r < n / width; ++r) {
+      auto row = as_array(grad + r * width, width);
+      row.setZero();
+      for (std::size_t k = first[r]; k < first[r + 1]; ++k)
+        row += as_array(dz + order[k] * width, width);
+    }
   }
 };
 
@@ -477,6 +798,11 @@ struct log_sum_exp_rows {
     for (std::size_t j = 0; j < n; ++j) sum += dmath::exp(x[f + j * s] - m);
     lse[row] = m + dmath::log(sum);
   }
+  void host(std::size_t rows) const {
+    if (host_loops::strided_rows(*this, walk, rows)) return;
+    for (std::size_t row = 0; row < rows; ++row)
+      lse[row] = host_loops::log_sum_exp(x + row * walk.n, walk.n);
+  }
 };
 // A row's loss, lse - x[target], for Backend::sum.
 template <class T>
@@ -490,7 +816,8 @@ struct cross_entropy_terms {
     return static_cast<double>(lse[row] - x[walk.first(row) + t * walk.inner]);
   }
 };
-// dx = (exp(x - lse) - onehot(target)) * scale, one call per element.
+// dx = (exp(x - lse) - onehot(target)) * scale, one call per element; the host member a row
+// at a time.
 template <class T>
 struct cross_entropy_backward {
   const T* x;
@@ -503,6 +830,18 @@ struct cross_entropy_backward {
     const std::size_t row = walk.row_of(i);
     const T d = dmath::exp(x[i] - lse[row]) * scale;
     dx[i] = walk.position_of(i) == static_cast<std::size_t>(targets[row]) ? d - scale : d;
+  }
+  void host(std::size_t count) const {
+    if (walk.inner != 1 || walk.n == 0) {
+      for (std::size_t i = 0; i < count; ++i) (*this)(i);
+      return;
+    }
+    using host_loops::as_array;
+    const std::size_t n = walk.n;
+    for (std::size_t row = 0; row < count / n; ++row) {
+      as_array(dx + row * n, n) = (as_array(x + row * n, n) - lse[row]).exp() * scale;
+      dx[row * n + static_cast<std::size_t>(targets[row])] -= scale;
+    }
   }
 };
 

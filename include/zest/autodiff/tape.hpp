@@ -14,8 +14,9 @@
 // Linear operations (einsum, redistribute, add, sub, scale, sum) accept partial operands;
 // a product of two pending sums over one axis does not compile ("reduce first").
 //
-// Elementwise arithmetic runs on every backend: the host backend's own loops, the function
-// objects of zest/autodiff/kernels.hpp elsewhere (float or double elements there).
+// Elementwise arithmetic runs the function objects of zest/autodiff/kernels.hpp on every
+// backend (float or double elements off the host). zest/autodiff/op.hpp defines the other
+// operations the same way, and is how a user adds one.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +32,7 @@
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/einsum_grad.hpp"
 #include "zest/autodiff/kernels.hpp"
+#include "zest/backend/backend.hpp"
 #include "zest/core/error.hpp"
 #include "zest/einsum/einsum.hpp"
 #include "zest/tensor/redistribute.hpp"
@@ -42,8 +44,8 @@ class tape;
 
 namespace detail {
 
-// The host backend runs the loops below; every other backend the function objects of
-// kernels.hpp (Backend::for_each).
+// Whether X's shards live on the host backend (no autodiff operation branches on it; MoE's
+// routing still does).
 template <class X>
 inline constexpr bool on_host = std::is_same_v<typename X::backend_type, host_backend>;
 
@@ -64,12 +66,9 @@ struct node {
     }
     auto out = grad->local();
     const auto in = std::as_const(g).local();
-    if constexpr (on_host<X>) {
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] += in[i];
-    } else {
-      using T = typename X::value_type;
-      X::backend_type::for_each(out.size(), kernels::add_into<T>{out.data(), in.data()});
-    }
+    using T = typename X::value_type;
+    for_each_kernel<typename X::backend_type>(out.size(),
+                                              kernels::add_into<T>{out.data(), in.data()});
   }
 };
 
@@ -247,13 +246,9 @@ Out combine(const A& a, const B& b, F f) {
   const auto pa = a.local();
   const auto pb = b.local();
   auto po = out.local();
-  if constexpr (on_host<Out>) {
-    for (std::size_t i = 0; i < po.size(); ++i) po[i] = f(pa[i], pb[i]);
-  } else {
-    using T = typename Out::value_type;
-    Out::backend_type::for_each(po.size(),
-                                kernels::combine<T, F>{pa.data(), pb.data(), po.data(), f});
-  }
+  using T = typename Out::value_type;
+  for_each_kernel<typename Out::backend_type>(
+      po.size(), kernels::combine<T, F>{pa.data(), pb.data(), po.data(), f});
   return out;
 }
 template <sharded_tensor Out, sharded_tensor A, class F>
@@ -261,12 +256,9 @@ Out transform(const A& a, F f) {
   Out out(a.mesh(), a.extents(), Out::uninitialized);
   const auto pa = a.local();
   auto po = out.local();
-  if constexpr (on_host<Out>) {
-    for (std::size_t i = 0; i < po.size(); ++i) po[i] = f(pa[i]);
-  } else {
-    using T = typename Out::value_type;
-    Out::backend_type::for_each(po.size(), kernels::transform<T, F>{pa.data(), po.data(), f});
-  }
+  using T = typename Out::value_type;
+  for_each_kernel<typename Out::backend_type>(po.size(),
+                                              kernels::transform<T, F>{pa.data(), po.data(), f});
   return out;
 }
 
@@ -275,22 +267,12 @@ Out transform(const A& a, F f) {
 template <sharded_tensor S>
 S scalar_of(const typename S::mesh_type& mesh, typename S::value_type value) {
   using T = typename S::value_type;
-  if constexpr (on_host<S>) {
-    S s(mesh, {});
-    s.local()[0] = value;
-    return s;
-  } else {
-    return S(mesh, {}, S::backend_type::template from_host<T>(std::span<const T>(&value, 1)));
-  }
+  return S(mesh, {}, S::backend_type::template from_host<T>(std::span<const T>(&value, 1)));
 }
 // The local value of a scalar tensor, on the host.
 template <sharded_tensor S>
 typename S::value_type scalar_value(const S& s) {
-  if constexpr (on_host<S>) {
-    return s.local()[0];
-  } else {
-    return s.local_to_host()[0];
-  }
+  return s.local_to_host()[0];
 }
 
 template <sharded_tensor Y>
@@ -487,28 +469,19 @@ auto sum(const variable<X>& x) {
     return v;
   }();
   using s_t = basic_tensor<T, typename X::mesh_type, detail::no_dims, scalar_layout>;
-  T total{};
-  if constexpr (detail::on_host<X>) {
-    for (T v : x.value().local()) total += v;
-  } else {
-    const auto p = x.value().local();
-    total = static_cast<T>(X::backend_type::sum(p.size(), kernels::element<T>{p.data()}));
-  }
+  // Accumulated in double on every backend.
+  const auto p = x.value().local();
+  const T total = static_cast<T>(
+      sum_kernel<typename X::backend_type>(p.size(), kernels::element<T>{p.data()}));
   auto out = detail::make_result(x.owner(), detail::scalar_of<s_t>(x.value().mesh(), total),
                                  x.requires_grad());
   if (out.requires_grad()) {
     x.owner().record([xn = x.node(), on = out.node()] {
       if (!on->grad) return;
       const T seed = detail::scalar_value(*on->grad);
-      if constexpr (detail::on_host<X>) {
-        dual_tensor<X> g(xn->value.mesh(), xn->value.extents());
-        for (T& v : g.local()) v = seed;
-        xn->accumulate(std::move(g));
-      } else {
-        dual_tensor<X> g(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
-        X::backend_type::fill(g.local().data(), g.local_count(), seed);
-        xn->accumulate(std::move(g));
-      }
+      dual_tensor<X> g(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
+      X::backend_type::fill(g.local().data(), g.local_count(), seed);
+      xn->accumulate(std::move(g));
     });
   }
   return out;

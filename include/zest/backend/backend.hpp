@@ -14,14 +14,24 @@
 //                             trivially copyable function object whose call operator is
 //                             ZEST_HOST_DEVICE (a CUDA kernel runs it on the GPU backend)
 //   sum(n, f)                 the sum over i < n of f(i), a double on the host (f as above)
+//   runs_host_loops           optional, true on the host backend only: for_each_kernel and
+//                             sum_kernel below call a function object's host-vectorised
+//                             member where it has one
 //   counters()                zest::memory::counters of the memory the buffers live in
 //   synchronize()             returns once the backend's queued work is done (a no-op on
 //                             the host; timings of GPU work call it)
 //
 // The element and row loops of autodiff, the optimizers, ZeRO's packing and MoE's index ops
-// are written once as such function objects. The host backend keeps its own vectorised
-// loops where it has them; every other backend runs the function objects. The emulated
-// backend (zest/backend/emulated/emulated_backend.hpp) runs them on the host, so the code
+// are written once as such function objects. A function object may also carry the same loop
+// vectorised for host memory (Eigen array expressions), as a member
+//
+//   void host(std::size_t n) const;      // for_each_kernel: does what f(0) .. f(n - 1) do
+//   double host_sum(std::size_t n) const;  // sum_kernel: the sum of f(0) .. f(n - 1)
+//
+// which for_each_kernel<B> / sum_kernel<B> call on a backend with runs_host_loops (the host
+// backend); every other backend runs f(i) itself. So an operation is written once, and the
+// host's speed is a member of its kernel, not a second body. The emulated backend
+// (zest/backend/emulated/emulated_backend.hpp) runs the plain f(i) on the host, so the code
 // paths of the GPU are tested on machines without one.
 //
 // The host backend is the default: a mesh whose communicator does not name a backend
@@ -58,5 +68,35 @@ struct backend_of_communicator<Comm> {
 // The backend of a mesh type (through its communicator).
 template <class Mesh>
 using backend_of = typename detail::backend_of_communicator<typename Mesh::communicator_type>::type;
+
+namespace detail {
+template <class B>
+constexpr bool runs_host_loops() {
+  if constexpr (requires { B::runs_host_loops; }) {
+    return B::runs_host_loops;
+  } else {
+    return false;
+  }
+}
+}  // namespace detail
+
+// B::for_each(n, f), or f.host(n) where B runs host loops and f has that member.
+template <class B, class F>
+void for_each_kernel(std::size_t n, const F& f) {
+  if constexpr (detail::runs_host_loops<B>() && requires { f.host(n); }) {
+    f.host(n);
+  } else {
+    B::for_each(n, f);
+  }
+}
+// B::sum(n, f), or f.host_sum(n) where B runs host loops and f has that member.
+template <class B, class F>
+double sum_kernel(std::size_t n, const F& f) {
+  if constexpr (detail::runs_host_loops<B>() && requires { f.host_sum(n); }) {
+    return f.host_sum(n);
+  } else {
+    return B::sum(n, f);
+  }
+}
 
 }  // namespace zest

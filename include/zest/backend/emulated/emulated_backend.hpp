@@ -3,12 +3,11 @@
 //   zest::emulated_mesh<"dp"> m(MPI_COMM_WORLD, {-1});   // MPI collectives, host memory
 //   using x_t = zest::tensor<float, decltype(m), "bm", zest::layout<zest::split<'b', "dp">>>;
 //
-// A backend is "host" or not; code with a vectorised host loop (Eigen array expressions,
-// BLAS) takes it on the host backend and runs its generic form, a function object handed to
-// Backend::for_each, on every other backend. The CUDA backend launches those function
-// objects as kernels. This backend is the host backend under another name: its for_each is
-// a plain loop over host memory, so a program on an emulated mesh runs exactly the generic
-// code that a cuda_mesh runs, and its tests (tests/*/emulated_*) compare it with the host
+// Loops are function objects handed to Backend::for_each; the host backend calls their
+// host-vectorised members (Eigen array expressions) where they have one, the CUDA backend
+// launches them as kernels. This backend is the host backend under another name that does
+// not run the host members: its for_each is a plain loop over host memory, so a program on
+// an emulated mesh runs exactly the per-element code that a cuda_mesh runs, and its tests (tests/*/emulated_*) compare it with the host
 // paths on machines without a GPU. What it cannot show is what only a GPU does: kernel
 // launches, device memory, NCCL.
 #pragma once
@@ -22,6 +21,7 @@ namespace zest {
 
 struct emulated_backend : host_backend {
   static constexpr std::string_view name = "emulated";
+  static constexpr bool runs_host_loops = false;  // the device's code path, f(i) by f(i)
 };
 
 static_assert(backend<emulated_backend>);

@@ -19,6 +19,8 @@ using host_vector = std::vector<T, memory::tracking_allocator<T>>;
 
 struct host_backend {
   static constexpr std::string_view name = "host";
+  // Function objects' host-vectorised members run here (zest/backend/backend.hpp).
+  static constexpr bool runs_host_loops = true;
   template <class T>
   using buffer = host_vector<T>;
 

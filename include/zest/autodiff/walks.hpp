@@ -1,0 +1,294 @@
+// zest/autodiff/walks.hpp — layouts where operands meet, and walks of local shards.
+//
+//   rows_of(x.local_extents(), X::dim_index('v'))   // [outer][n][inner] around dim v
+//   splits_of(X::layout, "m")                        // a bias "m" split as x splits m
+//
+// The walks become the plain descriptors (kernels::row_walk, broadcast_map, causal_window,
+// global_index) that the function objects of zest/autodiff/kernels.hpp take.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "zest/autodiff/diagnostics.hpp"
+#include "zest/autodiff/kernels.hpp"
+#include "zest/core/error.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/tensor/redistribute.hpp"
+#include "zest/tensor/tensor.hpp"
+
+namespace zest::autodiff::detail {
+
+// ---------------------------------------------------------------------------------------
+// Layouts.
+
+// The layout of a tensor with dims `small` (all of them dims of the big tensor) that splits
+// its dims as `big` does, replicated on the other axes: where a small operand meets a big one.
+constexpr layout_value splits_of(const layout_value& big, std::string_view small) {
+  layout_value v = replicated_layout(big.axis_count);
+  for (std::size_t a = 0; a < big.axis_count; ++a) {
+    if (big.is_split(a) && has_dim(small, big.axes[a].dim)) v.axes[a] = big.axes[a];
+  }
+  return v;
+}
+
+// The layout of a sum over the dims of `big` not in `kept`: pending on the axes that split
+// them, otherwise as before.
+constexpr layout_value summed_layout(const layout_value& big, std::string_view kept) {
+  layout_value v = big;
+  for (std::size_t a = 0; a < big.axis_count; ++a) {
+    if (big.is_split(a) && !has_dim(kept, big.axes[a].dim)) {
+      v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
+    }
+  }
+  return v;
+}
+
+// A scalar that sums a tensor of layout v: pending on every axis that is not replicated.
+constexpr layout_value scalar_sum_layout(const layout_value& v) {
+  layout_value s = replicated_layout(v.axis_count);
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    if (!v.is_replicate(a)) s.axes[a] = axis_placement{placement_kind::partial, 0, 0};
+  }
+  return s;
+}
+
+// `v` replicated on the axes that `taken` splits; a split that loses an axis of its nesting
+// loses the axes nested inside it too (they split blocks that no longer exist).
+constexpr layout_value release_axes(const layout_value& v, const layout_value& taken) {
+  layout_value out = v;
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    if (taken.is_split(a)) out.axes[a] = axis_placement{};
+  }
+  for (std::size_t k = 1; k < max_axes; ++k) {
+    for (std::size_t a = 0; a < out.axis_count; ++a) {
+      if (out.is_split(a) && out.axes[a].order == k &&
+          out.split_axis(out.axes[a].dim, k - 1) == max_axes) {
+        out.axes[a] = axis_placement{};
+      }
+    }
+  }
+  return out;
+}
+
+// An embedding's output: the ids' splits on their dims, the table's on the feature dim.
+constexpr layout_value embedding_layout(const layout_value& ids, const layout_value& table,
+                                        char feature) {
+  layout_value v = replicated_layout(ids.axis_count);
+  for (std::size_t a = 0; a < ids.axis_count; ++a) {
+    if (ids.is_split(a)) {
+      v.axes[a] = ids.axes[a];
+    } else if (table.splits(a, feature)) {
+      v.axes[a] = table.axes[a];
+    }
+  }
+  return v;
+}
+
+template <class Mesh>
+inline constexpr layout_value whole_layout = replicated_layout(Mesh::axis_count);
+
+// x as a tensor of layout L: a reference to x itself when it has that layout already.
+template <layout_key L, sharded_tensor X>
+decltype(auto) at_layout(const X& x) {
+  if constexpr (X::layout == L) {
+    return (x);
+  } else {
+    return redistribute_to<L>(x);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Walking local shards.
+
+// A local shard as [outer][n][inner] around one dim: outer * inner rows of n elements.
+struct rows_along {
+  std::size_t outer = 1, n = 1, inner = 1;
+  std::size_t count() const { return outer * inner; }
+};
+template <std::size_t Rank>
+rows_along rows_of(const std::array<std::size_t, Rank>& local, std::size_t dim) {
+  rows_along r;
+  for (std::size_t i = 0; i < dim; ++i) r.outer *= local[i];
+  r.n = local[dim];
+  for (std::size_t i = dim + 1; i < Rank; ++i) r.inner *= local[i];
+  return r;
+}
+
+// The local index, in row `row` of a walk around dim `along`, of another dim `dim`.
+struct row_coordinate {
+  bool in_outer = true;
+  std::size_t inner = 1, div = 1, extent = 1;
+  std::size_t at(std::size_t row) const {
+    return ((in_outer ? row / inner : row % inner) / div) % extent;
+  }
+};
+template <std::size_t Rank>
+row_coordinate coordinate_of(const std::array<std::size_t, Rank>& local, std::size_t along,
+                             std::size_t dim) {
+  row_coordinate c;
+  c.in_outer = dim < along;
+  c.inner = std::max<std::size_t>(1, rows_of(local, along).inner);
+  c.extent = std::max<std::size_t>(1, local[dim]);
+  const std::size_t end = dim < along ? along : Rank;
+  for (std::size_t i = dim + 1; i < end; ++i) c.div *= local[i];
+  c.div = std::max<std::size_t>(1, c.div);
+  return c;
+}
+
+// What a causal mask keeps of a row along K (a prefix: global k <= global q) or along Q
+// (a suffix: global q >= global k).
+struct causal_rows {
+  rows_along rows;
+  row_coordinate other;  // the other dim of the pair
+  std::size_t other_offset = 0, own_offset = 0;
+  bool along_k = true;
+  std::pair<std::size_t, std::size_t> kept(std::size_t row) const {
+    const auto g = static_cast<long long>(other_offset + other.at(row));
+    const auto n = static_cast<long long>(rows.n);
+    const auto own = static_cast<long long>(own_offset);
+    if (along_k) return {0, static_cast<std::size_t>(std::clamp(g + 1 - own, 0LL, n))};
+    return {static_cast<std::size_t>(std::clamp(g - own, 0LL, n)), rows.n};
+  }
+};
+template <char Along, char Q, char K, sharded_tensor X>
+causal_rows causal_rows_of(const X& x) {
+  constexpr std::size_t along = X::dim_index(Along);
+  constexpr std::size_t other = X::dim_index(Along == K ? Q : K);
+  causal_rows c;
+  c.rows = rows_of(x.local_extents(), along);
+  c.other = coordinate_of(x.local_extents(), along, other);
+  c.other_offset = x.local_offsets()[other];
+  c.own_offset = x.local_offsets()[along];
+  c.along_k = Along == K;
+  return c;
+}
+
+// A big shard walked against a small one whose dims are some of the big one's, split alike
+// (so their local extents agree): the big shard's dims are merged into groups that are all
+// in the small one or all not, and walked as runs along the last group.
+struct broadcast_walk {
+  std::size_t groups = 0;
+  std::array<std::size_t, max_dims> extent{}, stride{};  // stride in the small shard, 0: absent
+  std::size_t rows = 0, run = 1;
+  bool run_in_small = true;
+};
+template <std::size_t Rank>
+broadcast_walk walk_of(std::string_view big, std::string_view small,
+                       const std::array<std::size_t, Rank>& local) {
+  broadcast_walk w;
+  std::array<bool, max_dims> in_small{};
+  for (std::size_t i = 0; i < Rank; ++i) {
+    if (local[i] == 1) continue;  // no effect on any offset
+    const bool in = has_dim(small, big[i]);
+    if (w.groups > 0 && in_small[w.groups - 1] == in) {
+      w.extent[w.groups - 1] *= local[i];
+    } else {
+      in_small[w.groups] = in;
+      w.extent[w.groups++] = local[i];
+    }
+  }
+  if (w.groups == 0) {
+    in_small[0] = true;
+    w.extent[w.groups++] = 1;
+  }
+  std::size_t s = 1;
+  for (std::size_t g = w.groups; g-- > 0;) {
+    w.stride[g] = in_small[g] ? s : 0;
+    if (in_small[g]) s *= w.extent[g];
+  }
+  w.run = w.extent[w.groups - 1];
+  w.run_in_small = in_small[w.groups - 1];
+  w.rows = 1;
+  for (std::size_t g = 0; g + 1 < w.groups; ++g) w.rows *= w.extent[g];
+  return w;
+}
+
+// "b=1, t=5": the global position of element `flat` of a local shard, for error messages.
+template <std::size_t Rank>
+std::string position_of(std::string_view dims, const std::array<std::size_t, Rank>& local,
+                        const std::array<std::size_t, Rank>& offset, std::size_t flat) {
+  std::array<std::size_t, Rank> index{};
+  for (std::size_t k = Rank; k-- > 0;) {
+    index[k] = offset[k] + (local[k] == 0 ? 0 : flat % local[k]);
+    flat = local[k] == 0 ? 0 : flat / local[k];
+  }
+  std::string out;
+  for (std::size_t k = 0; k < Rank; ++k) {
+    if (k) out += ", ";
+    out += dims[k];
+    out += '=';
+    out += std::to_string(index[k]);
+  }
+  return out;
+}
+
+// Throws unless y's extent on each of its dims equals x's on that dim.
+template <fixed_string Op, sharded_tensor X, sharded_tensor Y>
+void check_extents(const X& x, const Y& y, std::string_view x_name, std::string_view y_name) {
+  for (std::size_t k = 0; k < Y::rank; ++k) {
+    const char d = Y::dims[k];
+    if (y.extents()[k] != x.extent(d)) {
+      throw shape_error(zest::detail::message("zest: ", view_of<Op>, ": dim '", d, "' has extent ",
+                                              x.extent(d), " in ", x_name, " (\"", view_of<X::dims>,
+                                              "\") but ", y.extents()[k], " in ", y_name, " (\"",
+                                              view_of<Y::dims>, "\")"));
+    }
+  }
+}
+
+template <class T>
+constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+
+// The walks above as the plain descriptors that kernels.hpp's function objects take.
+inline kernels::row_walk row_walk_of(const rows_along& r) { return {r.n, r.inner}; }
+inline kernels::causal_window causal_window_of(const causal_rows& c) {
+  kernels::causal_window w;
+  w.masked = true;
+  w.along_k = c.along_k;
+  w.in_outer = c.other.in_outer;
+  w.inner = c.other.inner;
+  w.div = c.other.div;
+  w.extent = c.other.extent;
+  w.other_offset = c.other_offset;
+  w.own_offset = c.own_offset;
+  w.n = c.rows.n;
+  return w;
+}
+inline kernels::broadcast_map broadcast_map_of(const broadcast_walk& w) {
+  kernels::broadcast_map m;
+  m.groups = w.groups;
+  std::size_t big = 1;
+  for (std::size_t g = w.groups; g-- > 0;) {
+    m.extent[g] = w.extent[g];
+    m.small_stride[g] = w.stride[g];
+    m.big_stride[g] = big;
+    big *= w.extent[g];
+    if (w.stride[g] == 0) m.absent_count *= w.extent[g];
+  }
+  return m;
+}
+template <std::size_t Rank>
+kernels::global_index global_index_of(const std::array<std::size_t, Rank>& global,
+                                      const std::array<std::size_t, Rank>& local,
+                                      const std::array<std::size_t, Rank>& offset) {
+  kernels::global_index g;
+  g.rank = Rank;
+  std::size_t stride = 1;
+  for (std::size_t k = Rank; k-- > 0;) {
+    g.local[k] = local[k];
+    g.offset[k] = offset[k];
+    g.stride[k] = stride;
+    stride *= global[k];
+  }
+  return g;
+}
+
+}  // namespace zest::autodiff::detail
