@@ -1,6 +1,7 @@
-// The autodiff operations on the emulated backend (the function objects of
-// zest/autodiff/kernels.hpp, which a GPU runs as kernels) against the same operations on the
-// host backend (ops.hpp's and tape.hpp's own loops, tested by ops_test.cpp): the same inputs
+// The autodiff operations on the emulated backend (the call operators of the function objects
+// of zest/autodiff/kernels.hpp, which a GPU runs as kernels) against the same operations on
+// the host backend (those function objects' host-vectorised members where they have one,
+// tested by ops_test.cpp): the same inputs
 // and layouts on mesh<...> and emulated_mesh<...>, the forward values and every gradient
 // compared as global arrays, in float and double, replicated and split (rows split over the
 // ranks, strided rows along a dim that is not the last, causal masks under a split of q);
@@ -73,7 +74,7 @@ void compare(const outcome& host, const outcome& emulated, double float_toleranc
   REQUIRE(host.size() == emulated.size());
   for (std::size_t i = 0; i < host.size(); ++i) {
     CAPTURE(i);  // 0: the value, 1: the loss, then the gradients
-    // The loss sums in T on the host and in double elsewhere.
+    // The loss (i == 1) adds every float term of the shard: a looser bound.
     const double tol = !std::is_same_v<T, float> ? tolerance<T> : i == 1 ? 1e-5 : float_tolerance;
     CHECK(relative_error(emulated[i], host[i]) < tol);
   }

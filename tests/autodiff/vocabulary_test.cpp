@@ -3,10 +3,10 @@
 // dim, softmax and log-softmax over any dim, rms_norm) and the op definition API of op.hpp
 // (unary with two lambdas, rowwise, custom): values against single-rank references written
 // here, gradients of loss = sum(op(...) * R) against central differences (double) of the
-// sharded forward, at about 16 elements of each input. Each on the host backend (mesh<"dp", "tp">) and the emulated one
-// (emulated_mesh, the GPU's code paths), at every 2-D mesh shape of the world, replicated,
-// split over dp, and split over dp and tp; b = 5 and m = 6 do not split evenly over 2 or 4
-// ranks.
+// sharded forward, at about 16 elements of each input. Each on the host backend (mesh<"dp",
+// "tp">) and the emulated one (emulated_mesh, the GPU's code paths), at every 2-D mesh shape
+// of the world, replicated, split over dp, and split over dp and tp; b = 5 and m = 6 do not
+// split evenly over 2 or 4 ranks.
 #include <doctest/doctest.h>
 
 #include <array>

@@ -5,6 +5,9 @@
 //   auto r = autodiff::rsqrt(autodiff::shift(v, 1e-6f));   // rsqrt, abs, pow(x, p), shift(x, c)
 //   auto m = autodiff::maximum(x, y);            // minimum; where(mask, x, y)
 //
+// exp, tanh, sigmoid and silu have host-vectorised members (Eigen's vectorised exp and tanh);
+// the others run their call operators on every backend.
+//
 // Layouts: the result has the (first) operand's layout; partial operands do not compile
 // ("reduce first"), except in where, which is linear in x and y.
 #pragma once
@@ -61,6 +64,15 @@ struct exp {
   ZEST_HOST_DEVICE T derivative(T, T y) const {
     return y;
   }
+  template <class T>
+  void host_value(const T* x, T* y, std::size_t n) const {
+    kernels::host_loops::as_array(y, n) = kernels::host_loops::as_array(x, n).exp();
+  }
+  template <class T>
+  void host_backward(const T*, const T* y, const T* dz, T* dx, std::size_t n) const {
+    using kernels::host_loops::as_array;
+    as_array(dx, n) = as_array(dz, n) * as_array(y, n);
+  }
 };
 struct log {
   template <class T>
@@ -81,6 +93,15 @@ struct tanh {
   ZEST_HOST_DEVICE T derivative(T, T y) const {
     return T(1) - y * y;
   }
+  template <class T>
+  void host_value(const T* x, T* y, std::size_t n) const {
+    kernels::host_loops::as_array(y, n) = kernels::host_loops::as_array(x, n).tanh();
+  }
+  template <class T>
+  void host_backward(const T*, const T* y, const T* dz, T* dx, std::size_t n) const {
+    using kernels::host_loops::as_array;
+    as_array(dx, n) = as_array(dz, n) * (T(1) - as_array(y, n).square());
+  }
 };
 // 1 / (1 + exp(-x)), without overflow for large |x|.
 struct sigmoid {
@@ -94,6 +115,17 @@ struct sigmoid {
   ZEST_HOST_DEVICE T derivative(T, T y) const {
     return y * (T(1) - y);
   }
+  // exp(-x) overflows to infinity for very negative x, and 1 / infinity is the right 0.
+  template <class T>
+  void host_value(const T* x, T* y, std::size_t n) const {
+    using kernels::host_loops::as_array;
+    as_array(y, n) = T(1) / (T(1) + (-as_array(x, n)).exp());
+  }
+  template <class T>
+  void host_backward(const T*, const T* y, const T* dz, T* dx, std::size_t n) const {
+    using kernels::host_loops::as_array;
+    as_array(dx, n) = as_array(dz, n) * as_array(y, n) * (T(1) - as_array(y, n));
+  }
 };
 // x sigmoid(x).
 struct silu {
@@ -105,6 +137,20 @@ struct silu {
   ZEST_HOST_DEVICE T derivative(T x, T) const {
     const T s = sigmoid{}.value(x);
     return s * (T(1) + x * (T(1) - s));
+  }
+  template <class T>
+  void host_value(const T* x, T* y, std::size_t n) const {
+    using kernels::host_loops::as_array;
+    const auto xs = as_array(x, n);
+    as_array(y, n) = xs / (T(1) + (-xs).exp());
+  }
+  template <class T>
+  void host_backward(const T* x, const T*, const T* dz, T* dx, std::size_t n) const {
+    using kernels::host_loops::as_array;
+    const auto xs = as_array(x, n);
+    auto s = as_array(dx, n);
+    s = T(1) / (T(1) + (-xs).exp());  // dx holds the sigmoid for the second pass
+    s = as_array(dz, n) * s * (T(1) + xs * (T(1) - s));
   }
 };
 // max(x, 0); the derivative at 0 is 0.
