@@ -8,7 +8,9 @@
 //     lives, and the report names the input, the global index and both values;
 //   - the defaults (double: h 1e-6, rtol 1e-6, atol 1e-8) hold for zest's own nonlinear ops
 //     (gelu, softmax, log-softmax, causal softmax, layer norm, cross-entropy) on sharded inputs;
-//   - on the emulated backend (the GPU's code paths on the host) as on the host;
+//   - an element-wise op defined with the public op API (autodiff::unary, a value function
+//     and its derivative) passes with the right derivative and fails with a wrong one, on
+//     the host and on the emulated backend (the GPU's code paths on the host);
 //   - the options: names, max_elements sampling, tolerances.
 #include <doctest/doctest.h>
 
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "support/fixtures.hpp"
+#include "zest/autodiff/op.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/mesh/emulated_mesh.hpp"
@@ -285,6 +288,57 @@ void check_wrong_at(const Mesh& m, std::size_t flat) {
   CHECK(text.find("[b=" + std::to_string(flat / 3) + ", m=" + std::to_string(flat % 3) + "]") !=
         std::string::npos);
   CHECK(r.message().find(text) != std::string::npos);
+}
+
+// softplus(x) = log(1 + e^x), whose derivative is the sigmoid; Wrong scales the derivative
+// by 1.1, as a slip in a user's formula would.
+template <bool Wrong>
+struct softplus_fn {
+  template <class T>
+  ZEST_HOST_DEVICE T value(T x) const {
+    return x > T(0) ? x + zest::dmath::log(T(1) + zest::dmath::exp(-x))
+                    : zest::dmath::log(T(1) + zest::dmath::exp(x));
+  }
+  template <class T>
+  ZEST_HOST_DEVICE T derivative(T x, T) const {
+    return (Wrong ? T(1.1) : T(1)) / (T(1) + zest::dmath::exp(-x));
+  }
+};
+
+template <class Mesh>
+void check_unary(const Mesh& m) {
+  using x_t = tensor<double, Mesh, "bm", layout<split<'b', "dp">, split<'m', "tp">>>;
+  const auto x = filled<x_t>(m, {5, 3}, 16);
+  const auto right = check_gradients(
+      [](ad::tape& t, const auto& v) {
+        return weighted_sum(t, ad::unary<"softplus">(v, softplus_fn<false>{}));
+      },
+      x);
+  INFO(right.message());
+  CHECK(right.ok());
+  CHECK(right.checked == 15);
+  const auto wrong = check_gradients(
+      {.names = {"x"}, .max_reported = 15},
+      [](ad::tape& t, const auto& v) {
+        return weighted_sum(t, ad::unary<"softplus">(v, softplus_fn<true>{}));
+      },
+      x);
+  CHECK(wrong.failed == 15);
+  REQUIRE(wrong.mismatches.size() == 15);
+  for (const auto& mm : wrong.mismatches) {
+    CAPTURE(mm.describe());
+    CHECK(mm.backward == doctest::Approx(1.1 * mm.numeric).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("check_gradients: a user's op from the public op API, right and wrong derivative") {
+  for (const auto& shape : zest::testing::mesh_shapes()) {
+    const mesh2 m(MPI_COMM_WORLD, shape);
+    CAPTURE(m.describe());
+    check_unary(m);
+    const emulated_mesh<"dp", "tp"> e(MPI_COMM_WORLD, shape);
+    check_unary(e);
+  }
 }
 
 TEST_CASE("check_gradients: a derivative wrong at one element fails there, on any rank's shard") {
