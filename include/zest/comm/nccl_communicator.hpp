@@ -13,13 +13,36 @@
 // Streams. Each communicator has its own stream. A call starts after the work queued so far
 // on cuda::compute_stream() (an event), and:
 //   blocking      the compute stream waits for the collective (an event), and the call
-//                 returns: later kernels and copies see the result, without a host stall;
+//                 returns: later kernels and copies see the result, without a host stall
+//                 (outside checked mode; the watchdog then runs in the host's waits);
 //   non-blocking  nothing waits until request::wait(), which makes the compute stream wait
 //                 (test() says whether the collective is done), so compute queued in the
 //                 meantime overlaps with it. Buffers must stay alive until then, as with MPI.
 // Uneven counts: all_gather is one ncclBroadcast per rank and reduce_scatter one ncclReduce
 // per rank, fused in a group; all_to_all is grouped ncclSend/ncclRecv (own block: a copy).
 // Host memory (a loss, a norm on the world communicator) goes through MPI instead.
+//
+// The watchdog (zest/comm/checked.hpp: ZEST_WATCHDOG_MS, default 300 s, 0: none), in every
+// mode. A blocking call only makes the compute stream wait, so outside checked mode no host
+// thread waits for the collective itself; a rank whose peer skipped it would hang later, in
+// whatever host wait comes next (reading a loss, a synchronize). So each communicator keeps
+// the collectives it queued and has not yet seen complete (their done events, kind, call
+// number, count; zest/comm/detail/pending_collectives.hpp), and while any communicator is
+// alive every host wait zest makes (cuda::wait_for in zest/backend/cuda/device_memory.hpp:
+// copies to and from the host, synchronize, the pool's release) polls instead of blocking
+// and asks, about every millisecond, whether some communicator's oldest pending collective
+// is past the watchdog (its clock starts when it is queued, or when the one before it was
+// seen complete). If so, that communicator is aborted (ncclCommAbort: its kernels stop and
+// the wait returns) and the wait throws collective_timeout naming the op, element type and
+// count, the call number, this rank of the axis's size and the axis's world ranks; outside
+// checked mode it cannot say what the other ranks called (ZEST_CHECKED=1 does). An
+// asynchronous NCCL error seen there throws communicator_error the same way. Later calls on
+// an aborted communicator throw communicator_error. Queueing costs a list entry per call
+// (no host stall); a host wait with nothing pending, or with ZEST_WATCHDOG_MS=0, is the
+// plain blocking call. A communicator's destructor waits for its stream under the deadline
+// too, and aborts NCCL instead of destroying it past it. Out of reach: waits inside NCCL on
+// the host (NCCL may connect the ranks at a communicator's first collective of a kind, and a
+// rank whose peer skipped that call waits there; NCCL_RUNTIME_CONNECT=0 connects at init).
 //
 // Checked mode (checked_mode().enabled or set_checked): before each call the ranks exchange
 // the same kind of fingerprint as mpi_communicator's (kind, element type, op or root, axis,
@@ -46,6 +69,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -59,6 +84,7 @@
 #include "zest/backend/cuda/device_memory.hpp"
 #include "zest/comm/checked.hpp"
 #include "zest/comm/communicator.hpp"
+#include "zest/comm/detail/pending_collectives.hpp"
 #include "zest/config.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
@@ -330,6 +356,18 @@ class nccl_core {
     nccl_check(ncclCommInitRank(&comm_, static_cast<int>(size_), boot.id, static_cast<int>(rank_)),
                "ncclCommInitRank", name_, rank_, size_);
     stream_.emplace(cudaStreamNonBlocking);
+    // The world ranks of this communicator's ranks, for timeout messages.
+    world_ranks_.resize(size_);
+    std::vector<int> mine(size_);
+    std::iota(mine.begin(), mine.end(), 0);
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(mpi_->native(), &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_translate_ranks(group, static_cast<int>(size_), mine.data(), world,
+                              world_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    watch(true);
   }
 
   // One rank, no MPI needed (MPI_Init neither).
@@ -339,15 +377,21 @@ class nccl_core {
     device_ = initialized != 0 ? cuda::bind_device() : cuda::current_device();
     nccl_check(ncclCommInitAll(&comm_, 1, &device_), "ncclCommInitAll", name_, 0, 1);
     stream_.emplace(cudaStreamNonBlocking);
+    int world_rank = 0;
+    if (initialized != 0) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    world_ranks_.assign(1, world_rank);
+    watch(true);
   }
 
   nccl_core(const nccl_core&) = delete;
   nccl_core& operator=(const nccl_core&) = delete;
 
+  // Waits for this communicator's stream, under the watchdog (a peer that never joins a
+  // queued collective would make the wait endless): past it, NCCL is aborted, not destroyed.
   ~nccl_core() {
+    watch(false);
     if (comm_ == nullptr) return;
-    if (broken_.empty()) {
-      static_cast<void>(cudaStreamSynchronize(stream_->get()));
+    if (broken_.empty() && drained()) {
       static_cast<void>(ncclCommDestroy(comm_));
     } else {
       static_cast<void>(ncclCommAbort(comm_));
@@ -386,6 +430,7 @@ class nccl_core {
     auto done = std::make_shared<cuda::event>();
     done->record(stream_->get());
     count(c);
+    track(c, done);
     return done;
   }
 
@@ -409,8 +454,10 @@ class nccl_core {
         if (checked() && checked_mode().watchdog.count() > 0 && nccl_clock::now() >= deadline) {
           broken_ = message("the data transfer of ", nccl_name(c), " #", number,
                             " timed out; NCCL was aborted");
-          static_cast<void>(ncclCommAbort(comm_));
-          comm_ = nullptr;
+          {
+            const std::lock_guard lock(registry().mutex);
+            abort_nccl();
+          }
           throw collective_timeout(
               message("zest: collective timeout on axis '", name_, "': ", nccl_name(c), " #",
                       number, " on rank ", rank_, " of ", size_, " not complete after ",
@@ -429,6 +476,45 @@ class nccl_core {
   }
 
   std::uint64_t calls_so_far() const { return next_number_; }
+
+  // ---- the watchdog outside checked mode ---------------------------------------------------
+  //
+  // A blocking call returns once the compute stream waits for the collective, so nothing on
+  // the host waits for it until some host wait (cuda::wait_for: a copy to the host, a
+  // synchronize) does. Each communicator keeps the collectives it queued and has not yet seen
+  // complete (pending_, zest/comm/detail/pending_collectives.hpp); while any communicator is
+  // alive the host waits poll and call host_wait_check now and then, which checks every
+  // communicator's oldest pending collective against the watchdog.
+
+  // Every live communicator. Never destroyed (communicators may outlive static objects).
+  struct registry_state {
+    std::mutex mutex;
+    std::vector<nccl_core*> live;
+  };
+  static registry_state& registry() {
+    static auto* r = new registry_state;  // NOLINT(cppcoreguidelines-owning-memory)
+    return *r;
+  }
+
+  // The hook of cuda::wait_for (installed while a communicator is alive): throws
+  // collective_timeout for a collective past the watchdog (after aborting its communicator),
+  // communicator_error for one NCCL reported an error on; says whether any is pending.
+  static cuda::detail::wait_check host_wait_check() {
+    const std::chrono::milliseconds watchdog = checked_mode().watchdog;
+    if (watchdog.count() <= 0) return cuda::detail::wait_check::no_deadline;
+    registry_state& r = registry();
+    const std::lock_guard lock(r.mutex);
+    const auto now = nccl_clock::now();
+    bool idle = true;
+    for (nccl_core* core : r.live) idle = core->check_pending(now, watchdog) && idle;
+    return idle ? cuda::detail::wait_check::idle : cuda::detail::wait_check::pending;
+  }
+
+  // How many collectives are pending on this communicator (tests, diagnostics).
+  std::size_t pending_count() const {
+    const std::lock_guard lock(registry().mutex);
+    return pending_.size();
+  }
 
   void count(const nccl_call& c) {
     if (c.barrier) return;
@@ -688,10 +774,104 @@ class nccl_core {
     }
   }
 
+  // ---- pending collectives (the watchdog outside checked mode) -----------------------------
+
+  using done_event = std::shared_ptr<cuda::event>;
+  static bool is_done(const done_event& e) { return e->ready(); }
+  // Prune the list while queueing only once it is this long (a host wait prunes it fully).
+  static constexpr std::size_t prune_above = 32;
+
+  void watch(bool on) {
+    registry_state& r = registry();
+    const std::lock_guard lock(r.mutex);
+    if (on) {
+      r.live.push_back(this);
+      cuda::detail::set_host_wait_hook(&nccl_core::host_wait_check);
+    } else {
+      std::erase(r.live, this);
+      if (r.live.empty()) cuda::detail::set_host_wait_hook(nullptr);
+    }
+  }
+
+  void track(const nccl_call& c, done_event done) {
+    const auto now = nccl_clock::now();
+    const std::lock_guard lock(registry().mutex);
+    if (pending_.size() >= prune_above) pending_.prune(&nccl_core::is_done, now);
+    pending_.push(std::move(done),
+                  pending_call{name_of(c.kind), name_of(c.type), next_number_ - 1, c.elements},
+                  now);
+  }
+
+  // Under the registry's lock. True when nothing is pending here.
+  bool check_pending(nccl_clock::time_point now, std::chrono::milliseconds watchdog) {
+    if (comm_ == nullptr || !broken_.empty()) {
+      pending_.clear();
+      return true;
+    }
+    if (pending_.prune(&nccl_core::is_done, now)) return true;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress) {
+      const pending_call call = pending_.front().call;
+      const char* last = ncclGetLastError(comm_);
+      std::string what = message("zest: ", call.op, '<', call.type, ">[", call.elements, "] #",
+                                 call.number, " on axis '", name_, "' (rank ", rank_, " of ", size_,
+                                 "): NCCL error: ", ncclGetErrorString(async),
+                                 (last != nullptr && *last != 0) ? "; " : "",
+                                 last != nullptr ? last : "", "; NCCL was aborted");
+      broken_ = message("NCCL reported an asynchronous error: ", ncclGetErrorString(async));
+      abort_nccl();
+      throw communicator_error(what);
+    }
+    if (const auto* late = pending_.overdue(watchdog, now)) {
+      std::string what = pending_timeout_message(name_, *late, now, rank_, size_, world_ranks_,
+                                                 checked(), watchdog);
+      broken_ = message("the data transfer of ", late->call.op, " #", late->call.number,
+                        " timed out; NCCL was aborted");
+      abort_nccl();
+      throw collective_timeout(what);
+    }
+    return false;
+  }
+
+  // Under the registry's lock: NCCL's kernels stop, later calls throw communicator_error.
+  void abort_nccl() {
+    static_cast<void>(ncclCommAbort(comm_));
+    comm_ = nullptr;
+    pending_.clear();
+  }
+
+  // Whether this communicator's stream finished within the watchdog (no deadline: waits).
+  bool drained() const noexcept {
+    std::chrono::milliseconds watchdog{0};
+    try {
+      watchdog = checked_mode().watchdog;
+    } catch (...) {  // an unreadable ZEST_WATCHDOG_MS: wait as without a deadline
+    }
+    const cudaStream_t s = stream_->get();
+    if (watchdog.count() <= 0) return cudaStreamSynchronize(s) == cudaSuccess;
+    const auto deadline = nccl_clock::now() + watchdog;
+    for (unsigned spins = 0;; ++spins) {
+      const cudaError_t code = cudaStreamQuery(s);
+      if (code == cudaSuccess) return true;
+      if (code != cudaErrorNotReady || nccl_clock::now() >= deadline) {
+        static_cast<void>(cudaGetLastError());
+        return false;
+      }
+      if (spins < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+  }
+
   std::string name_;
   std::uint64_t name_hash_ = 0;
   std::size_t size_ = 1;
   std::size_t rank_ = 0;
+  std::vector<int> world_ranks_;  // world rank of each rank of this communicator
+  pending_collectives<done_event> pending_;
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
   std::optional<cuda::stream> stream_;  // created once the device is bound
@@ -825,7 +1005,7 @@ class nccl_communicator {
     detail::nccl_call c;
     c.barrier = true;
     core_->check_only(c);
-    ZEST_CUDA_CHECK(cudaStreamSynchronize(core_->stream()));
+    cuda::wait_for(core_->stream());  // under the watchdog (cuda::wait_for)
     cuda::synchronize();
     if (auto* m = core_->mpi()) m->barrier();
   }

@@ -18,6 +18,20 @@
 // (requested sizes, as the host counts them), read by the ZeRO memory tests and benches;
 // the pool's own reserve (cached blocks, rounding) is reported apart by pool_stats().
 //
+// Host waits. Every wait of the host for the device that zest makes goes through
+// cuda::wait_for (a stream, an event) or cuda::wait_for_device: stream::synchronize,
+// event::synchronize, cuda::synchronize, copy_to_device, copy_to_host and release_cached
+// use them. While no NCCL communicator is alive they are the plain blocking calls. While
+// one is, a collective that some rank skipped would leave the device waiting for ever, so
+// the host polls instead and now and then asks the NCCL layer (a hook it installs:
+// detail::host_wait_hook in host_wait.hpp; backend/ knows nothing of comm/) whether a
+// collective it queued is past the watchdog; the hook then aborts that communicator and
+// throws collective_timeout out of the wait (zest/comm/nccl_communicator.hpp). When the hook
+// says that no collective is pending, or that there is no deadline (ZEST_WATCHDOG_MS=0),
+// the wait is the blocking call again. Copies from and to pageable host memory can block
+// inside cudaMemcpyAsync, so with a communicator alive they first wait for the work before
+// them the same way.
+//
 // Runtime API only (no kernels): host compilers can include this file when the CUDA
 // include directory is on their path.
 #pragma once
@@ -39,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "zest/backend/cuda/host_wait.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/memory.hpp"
 
@@ -72,8 +87,8 @@ namespace cuda {
 // Throws cuda_error "zest: <call>: <error string> (<error name>)" unless code is cudaSuccess.
 inline void check(cudaError_t code, std::string_view call) {
   if (code == cudaSuccess) return;
-  throw cuda_error(detail::message("zest: ", call, ": ", cudaGetErrorString(code), " (",
-                                   cudaGetErrorName(code), ")"));
+  throw cuda_error(zest::detail::message("zest: ", call, ": ", cudaGetErrorString(code), " (",
+                                         cudaGetErrorName(code), ")"));
 }
 
 // ZEST_CUDA_CHECK(cudaMemsetAsync(p, 0, n, s)) — the failing call is named in the message.
@@ -93,6 +108,60 @@ inline int current_device() {
   int d = 0;
   ZEST_CUDA_CHECK(cudaGetDevice(&d));
   return d;
+}
+
+// ---- host waits ------------------------------------------------------------------------
+
+// Blocks until the work queued so far on s is done. See the top of this file: with an NCCL
+// communicator alive, a collective past the watchdog throws collective_timeout from here.
+inline void wait_for(cudaStream_t s) {
+  const auto block = [s] { ZEST_CUDA_CHECK(cudaStreamSynchronize(s)); };
+  const detail::wait_hook hook = detail::host_wait_hook();
+  if (hook == nullptr) {
+    block();
+    return;
+  }
+  detail::poll_under_hook(
+      hook,
+      [s] {
+        const cudaError_t code = cudaStreamQuery(s);
+        if (code == cudaErrorNotReady) return false;
+        check(code, "cudaStreamQuery");
+        return true;
+      },
+      block);
+}
+
+// Blocks until e's recorded work is done, under the same rule.
+inline void wait_for(cudaEvent_t e) {
+  const auto block = [e] { ZEST_CUDA_CHECK(cudaEventSynchronize(e)); };
+  const detail::wait_hook hook = detail::host_wait_hook();
+  if (hook == nullptr) {
+    block();
+    return;
+  }
+  detail::poll_under_hook(
+      hook,
+      [e] {
+        const cudaError_t code = cudaEventQuery(e);
+        if (code == cudaErrorNotReady) return false;
+        check(code, "cudaEventQuery");
+        return true;
+      },
+      block);
+}
+
+// Blocks until the device is idle (every stream). With a communicator alive: the compute
+// stream first, then until no collective is pending, both polled under the hook, and only
+// then cudaDeviceSynchronize (by then nothing zest queued can hang).
+inline void wait_for_device(cudaStream_t compute) {
+  const detail::wait_hook hook = detail::host_wait_hook();
+  if (hook != nullptr) {
+    wait_for(compute);
+    detail::poll_under_hook(
+        hook, [] { return false; }, [] {});
+  }
+  ZEST_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // ---- streams and events ----------------------------------------------------------------
@@ -117,7 +186,8 @@ class stream {
   ~stream() { destroy(); }
 
   cudaStream_t get() const { return handle_; }
-  void synchronize() const { ZEST_CUDA_CHECK(cudaStreamSynchronize(handle_)); }
+  // Blocks until the work queued so far is done (wait_for: under the watchdog).
+  void synchronize() const { wait_for(handle_); }
   // Whether all work queued so far is done.
   bool ready() const {
     const cudaError_t code = cudaStreamQuery(handle_);
@@ -164,7 +234,8 @@ class event {
     check(code, "cudaEventQuery");
     return true;
   }
-  void synchronize() const { ZEST_CUDA_CHECK(cudaEventSynchronize(handle_)); }
+  // Blocks until the recorded work is done (wait_for: under the watchdog).
+  void synchronize() const { wait_for(handle_); }
   // Milliseconds from start to this event (both recorded with timing = true).
   float elapsed_ms(const event& start) const {
     float ms = 0;
@@ -195,8 +266,9 @@ inline cudaStream_t compute_stream() { return detail::compute_stream_slot(); }
 // and after synchronising the old one: the pool's reuse is ordered by this stream).
 inline void set_compute_stream(cudaStream_t s) { detail::compute_stream_slot() = s; }
 
-// Blocks until the compute stream's work is done (timings, host reads of pinned memory).
-inline void synchronize() { ZEST_CUDA_CHECK(cudaStreamSynchronize(compute_stream())); }
+// Blocks until the compute stream's work is done (timings, host reads of pinned memory);
+// wait_for: under the watchdog while an NCCL communicator is alive.
+inline void synchronize() { wait_for(compute_stream()); }
 
 // ---- the caching pool ------------------------------------------------------------------
 
@@ -272,7 +344,7 @@ class device_pool {
 
   // Frees every cached block (after the device finished with them). Live blocks stay.
   void release_cached() {
-    ZEST_CUDA_CHECK(cudaDeviceSynchronize());
+    wait_for_device(compute_stream());
     std::lock_guard lock(mutex_);
     for (auto& [k, list] : free_) {
       for (void* p : list) {
@@ -450,22 +522,27 @@ class workspace {
 };
 
 // Host <-> device copies on the compute stream; both wait for the copy (and for the work
-// before it). copy_to_device waits because CUDA does not promise that an asynchronous copy
-// from pageable memory has read its source when the call returns, and callers free the
-// source right after (a scalar on the stack, generate's staging vector).
+// before it) through wait_for. copy_to_device waits because CUDA does not promise that an
+// asynchronous copy from pageable memory has read its source when the call returns, and
+// callers free the source right after (a scalar on the stack, generate's staging vector).
+// A copy to or from pageable memory may also return only once it is done, so while an NCCL
+// communicator is alive both first wait for the work before them (maybe a collective)
+// through wait_for, under the watchdog.
 template <class T>
 void copy_to_device(std::span<const T> from, T* to) {
   if (from.empty()) return;
+  if (detail::host_wait_hook() != nullptr) wait_for(compute_stream());
   ZEST_CUDA_CHECK(cudaMemcpyAsync(to, from.data(), from.size_bytes(), cudaMemcpyHostToDevice,
                                   compute_stream()));
-  ZEST_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+  wait_for(compute_stream());
 }
 template <class T>
 void copy_to_host(const T* from, std::size_t n, T* to) {
   if (n == 0) return;
+  if (detail::host_wait_hook() != nullptr) wait_for(compute_stream());
   ZEST_CUDA_CHECK(
       cudaMemcpyAsync(to, from, n * sizeof(T), cudaMemcpyDeviceToHost, compute_stream()));
-  ZEST_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+  wait_for(compute_stream());
 }
 
 }  // namespace cuda
