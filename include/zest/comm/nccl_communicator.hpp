@@ -37,12 +37,15 @@
 // count, the call number, this rank of the axis's size and the axis's world ranks; outside
 // checked mode it cannot say what the other ranks called (ZEST_CHECKED=1 does). An
 // asynchronous NCCL error seen there throws communicator_error the same way. Later calls on
-// an aborted communicator throw communicator_error. Queueing costs a list entry per call
-// (no host stall); a host wait with nothing pending, or with ZEST_WATCHDOG_MS=0, is the
-// plain blocking call. A communicator's destructor waits for its stream under the deadline
-// too, and aborts NCCL instead of destroying it past it. Out of reach: waits inside NCCL on
-// the host (NCCL may connect the ranks at a communicator's first collective of a kind, and a
-// rank whose peer skipped that call waits there; NCCL_RUNTIME_CONNECT=0 connects at init).
+// an aborted communicator throw communicator_error; abort() does the same by hand (a rank
+// that gives up: NCCL may need every rank of a communicator to abort before one returns).
+// Queueing costs a list entry per call (no host stall); a host wait with nothing pending, or
+// with ZEST_WATCHDOG_MS=0, is the plain blocking call. A communicator's destructor waits
+// for its stream under the deadline too, and aborts NCCL instead of destroying it past it.
+// Out of reach: waits inside NCCL on the host (NCCL may connect the ranks at a
+// communicator's first collective of a kind, and a rank whose peer skipped that call waits
+// there; NCCL_RUNTIME_CONNECT=0 connects at init), and two communicators stuck at once
+// (aborting one frees device memory, which waits for the other's kernels).
 //
 // Checked mode (checked_mode().enabled or set_checked): before each call the ranks exchange
 // the same kind of fingerprint as mpi_communicator's (kind, element type, op or root, axis,
@@ -508,6 +511,14 @@ class nccl_core {
     bool idle = true;
     for (nccl_core* core : r.live) idle = core->check_pending(now, watchdog) && idle;
     return idle ? cuda::detail::wait_check::idle : cuda::detail::wait_check::pending;
+  }
+
+  // ncclCommAbort on this rank, once; later calls throw communicator_error naming `why`.
+  void abort(std::string_view why) {
+    const std::lock_guard lock(registry().mutex);
+    if (comm_ == nullptr) return;
+    if (broken_.empty()) broken_ = std::string(why);
+    abort_nccl();
   }
 
   // How many collectives are pending on this communicator (tests, diagnostics).
@@ -999,6 +1010,12 @@ class nccl_communicator {
     return run<T>(prepare_broadcast<T>(data, root), false,
                   [&](auto& m) { m.template broadcast<T>(data, root); });
   }
+
+  // Gives up on this communicator on this rank: NCCL is aborted (its kernels here stop, its
+  // queued work is dropped) and every later call throws communicator_error. For a rank that
+  // ends early after an error of its own: NCCL may need every rank of a communicator to
+  // abort before an abort returns. Collectives already queued are not waited for.
+  void abort() { core_->abort("aborted by nccl_communicator::abort()"); }
 
   // Every rank arrives; this rank's queued GPU work (compute and this communicator's) is done.
   void barrier() {
