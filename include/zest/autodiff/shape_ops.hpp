@@ -1,0 +1,489 @@
+// zest/autodiff/shape_ops.hpp — slicing, concatenation and gathering along a named dim.
+//
+//   auto h = autodiff::narrow<'t'>(x, 2, 5);          // x "btm": t in [2, 7)
+//   auto c = autodiff::concat<'m'>(a, b);             // and concat<'m'>(a, b, c, ...)
+//   auto g = autodiff::index_select<'t'>(x, ids);     // ids "r" int32_t: x's t = ids[r]
+//   auto y = zest::narrow<'t'>(xv, 2, 5);             // the same on plain tensors (no tape)
+//
+// Each is defined once (zest/autodiff/op.hpp): the layout rule, the checks and the backward
+// step here, the loops as the function objects of namespace kernels below, which every backend
+// runs (the host backend their host members: contiguous block copies). The tape ops are
+// autodiff::custom ops whose backward computes the gradient with the same kernels.
+//
+// Layouts. Every result has its input's layout (concat: the operands' common layout), at the
+// result's extents. The ops are linear, so partial inputs are accepted and stay pending.
+//
+// Along a dim D that the layout splits, the op first brings x to the layout that keeps D
+// whole (x's layout with the axes that split D replicated: an all-gather of D over those
+// axes, the redistribute that the two layouts imply), runs locally there, and then takes
+// each rank's block of the result (replicated -> split: a local copy, no communication).
+// Why not a local slice of each shard: a layout names, for each extent, which block of D each
+// rank holds (zest/layout/shard.hpp's block ranges, uneven when the extent does not divide).
+// The ranks' pieces of a slice (or of a concatenation, or of a gather) are not those blocks
+// for the result's extent: narrow<'t'>(x, 1, 4) of t = 8 split over 2 ranks leaves 3 rows on
+// rank 0 and 1 row on rank 1, which no layout describes, and a gather picks rows from every
+// rank. Gathering D keeps the result an ordinary tensor of x's layout for any extents, uneven
+// ones included; along a whole dim nothing is sent. The backward does the same with the
+// gradient: it is gathered along D (in the dual of the whole-D layout), scattered locally, and
+// redistributed to the input's gradient layout (again a local pick of each rank's block).
+// To avoid the gather, keep D whole: split another dim.
+//
+// Checks. Compile time: D a dim of the tensor; concat's operands of one tensor type;
+// index_select's ids an int32_t tensor of one dim, replicated, on x's mesh. Run time
+// (zest::shape_error naming the op, the dim and the extents): a narrow range outside the
+// dim, concat operands whose other extents differ, an id outside [0, extent of D) (with its
+// position among the ids).
+//
+// index_select's backward is a deterministic scatter-add without atomics: the ids are
+// sorted by row on the host where they are checked (a stable counting sort), and each element
+// of the gradient sums its positions in order, as embedding's does.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "zest/autodiff/diagnostics.hpp"
+#include "zest/autodiff/dual.hpp"
+#include "zest/autodiff/op.hpp"
+#include "zest/autodiff/tape.hpp"
+#include "zest/autodiff/walks.hpp"
+#include "zest/backend/backend.hpp"
+#include "zest/config.hpp"
+#include "zest/core/error.hpp"
+#include "zest/core/fixed_string.hpp"
+#include "zest/layout/layout.hpp"
+#include "zest/tensor/redistribute.hpp"
+#include "zest/tensor/tensor.hpp"
+
+namespace zest {
+
+// ---------------------------------------------------------------------------------------
+// Kernels: a local shard seen as [outer][n][inner] around the dim D, which is whole there.
+
+namespace autodiff::kernels {
+
+// y = x[:, start : start + len, :]: one call per element of y ([outer][len][inner]).
+template <class T>
+struct narrow_copy {
+  const T* x;
+  T* y;
+  std::size_t n, start, len, inner;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t o = i / (len * inner), j = (i / inner) % len, k = i % inner;
+    y[i] = x[(o * n + start + j) * inner + k];
+  }
+  void host(std::size_t count) const {
+    const std::size_t block = len * inner;
+    if (block == 0) return;
+    for (std::size_t o = 0; o < count / block; ++o)
+      std::copy_n(x + (o * n + start) * inner, block, y + o * block);
+  }
+};
+
+// dx = dy placed at [start, start + len) along the dim, zeros elsewhere: one call per element
+// of dx ([outer][n][inner]).
+template <class T>
+struct narrow_pad {
+  const T* dy;
+  T* dx;
+  std::size_t n, start, len, inner;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
+    dx[i] = (j >= start && j - start < len) ? dy[(o * len + j - start) * inner + k] : T(0);
+  }
+  void host(std::size_t count) const {
+    const std::size_t block = n * inner;
+    if (block == 0) return;
+    for (std::size_t o = 0; o < count / block; ++o) {
+      T* row = dx + o * block;
+      std::fill(row, row + start * inner, T(0));
+      std::copy_n(dy + o * len * inner, len * inner, row + start * inner);
+      std::fill(row + (start + len) * inner, row + block, T(0));
+    }
+  }
+};
+
+// y = the N parts one after the other along the dim: part q covers [offset[q], offset[q + 1]).
+// One call per element of y ([outer][offset[N]][inner]).
+template <class T, std::size_t N>
+struct concat_copy {
+  const T* parts[N];
+  std::size_t offset[N + 1];
+  std::size_t inner;
+  T* y;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t n = offset[N];
+    const std::size_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
+    std::size_t q = 0;
+    while (j >= offset[q + 1]) ++q;
+    const std::size_t len = offset[q + 1] - offset[q];
+    y[i] = parts[q][(o * len + j - offset[q]) * inner + k];
+  }
+  void host(std::size_t count) const {
+    const std::size_t block = offset[N] * inner;
+    if (block == 0) return;
+    for (std::size_t o = 0; o < count / block; ++o) {
+      for (std::size_t q = 0; q < N; ++q) {
+        const std::size_t part = (offset[q + 1] - offset[q]) * inner;
+        std::copy_n(parts[q] + o * part, part, y + o * block + offset[q] * inner);
+      }
+    }
+  }
+};
+
+// y[o][r][k] = x[o][ids[r]][k] (ids already checked): one call per element of y.
+template <class T>
+struct index_gather {
+  const T* x;
+  const std::int32_t* ids;
+  T* y;
+  std::size_t n, m, inner;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t o = i / (m * inner), r = (i / inner) % m, k = i % inner;
+    y[i] = x[(o * n + static_cast<std::size_t>(ids[r])) * inner + k];
+  }
+  void host(std::size_t count) const {
+    if (inner == 0) return;
+    for (std::size_t row = 0; row < count / inner; ++row) {
+      const std::size_t o = row / m, r = row % m;
+      std::copy_n(x + (o * n + static_cast<std::size_t>(ids[r])) * inner, inner, y + row * inner);
+    }
+  }
+};
+
+// dx[o][j][k] = the sum of dy[o][r][k] over the positions r whose id is j, in order: one call
+// per element of dx. The positions of j are order[first[j]] .. order[first[j + 1] - 1].
+template <class T>
+struct index_scatter {
+  const T* dy;
+  const std::size_t* first;
+  const std::size_t* order;
+  T* dx;
+  std::size_t n, m, inner;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
+    T total = 0;
+    for (std::size_t p = first[j]; p < first[j + 1]; ++p) total += dy[(o * m + order[p]) * inner + k];
+    dx[i] = total;
+  }
+};
+
+}  // namespace autodiff::kernels
+
+// ---------------------------------------------------------------------------------------
+// Layouts and checks.
+
+namespace autodiff::autodiff_error {
+template <fixed_string Operation, class First, class... Rest>
+struct concat_operands {
+  static_assert(always_false<First>,
+                "zest concat: the operands need one tensor type: the same dims, element type, "
+                "mesh and layout (operands shown above). Fix: redistribute<layout<...>>(x) the "
+                "operands to one layout, and convert them to one element type.");
+};
+template <fixed_string Operation, class Ids>
+struct index_ids {
+  static_assert(always_false<Ids>,
+                "zest index_select: the ids are a tensor of int32_t with one dim, replicated "
+                "(not split, not partial), on x's mesh (ids shown above). Fix: give them one "
+                "dim, e.g. tensor<std::int32_t, mesh_t, \"r\">, and redistribute<layout<>>(ids).");
+};
+}  // namespace autodiff::autodiff_error
+
+namespace detail {
+
+// `v` with the axes that split dim d replicated: the layout in which every rank holds d whole.
+constexpr layout_value whole_along(layout_value v, char d) {
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    if (v.splits(a, d)) v.axes[a] = axis_placement{};
+  }
+  return v;
+}
+
+// X with dim D whole, and the layout its gradient is scattered in (the dual of X's layout
+// with D whole). Through a class: g++ 12 and dependent layout calls, zest/autodiff/dual.hpp.
+template <class X, char D>
+struct along_whole {
+  static constexpr layout_value layout = whole_along(X::layout, D);
+  static constexpr layout_value grad_layout = whole_along(autodiff::dual(X::layout), D);
+  using type = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, layout>;
+  using grad_type =
+      basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, grad_layout>;
+};
+
+template <fixed_string Op, char D, class X>
+constexpr bool check_shape_dim() {
+  if constexpr (!X::dims.contains(D)) {
+    (void)autodiff::autodiff_error::missing_dim<Op, D, X>{};
+    return false;
+  } else {
+    return true;
+  }
+}
+
+// narrow's range check, in x's global extents.
+template <char D, sharded_tensor X>
+void check_narrow_range(const X& x, std::size_t start, std::size_t length) {
+  const std::size_t n = x.extents()[X::dim_index(D)];
+  if (start > n || length > n - start) {
+    throw shape_error(message("zest: narrow<'", D, "'>: start ", start, " and length ", length,
+                              " leave dim '", D, "' (extent ", n, ") of \"", view_of<X::dims>,
+                              "\": the range [start, start + length) must lie in [0, ", n, ")"));
+  }
+}
+
+// The local narrow of a tensor Z whose dim D is whole on every rank.
+template <char D, sharded_tensor Z>
+Z narrow_whole(const Z& z, std::size_t start, std::size_t length) {
+  using T = typename Z::value_type;
+  using B = typename Z::backend_type;
+  constexpr std::size_t d = Z::dim_index(D);
+  auto extents = z.extents();
+  extents[d] = length;
+  Z y(z.mesh(), extents, Z::uninitialized);
+  const autodiff::detail::rows_along r = autodiff::detail::rows_of(z.local_extents(), d);
+  for_each_kernel<B>(y.local_count(), autodiff::kernels::narrow_copy<T>{
+                                          z.local().data(), y.local().data(), r.n, start, length,
+                                          r.inner});
+  return y;
+}
+
+// The local concatenation of tensors of type Z whose dim D is whole on every rank.
+template <char D, sharded_tensor Z, class... Rest>
+Z concat_whole(const Z& first, const Rest&... rest) {
+  using T = typename Z::value_type;
+  using B = typename Z::backend_type;
+  constexpr std::size_t d = Z::dim_index(D);
+  constexpr std::size_t n_parts = 1 + sizeof...(Rest);
+  const Z* parts[n_parts] = {&first, &rest...};
+  autodiff::kernels::concat_copy<T, n_parts> k{};
+  auto extents = first.extents();
+  k.offset[0] = 0;
+  for (std::size_t q = 0; q < n_parts; ++q) {
+    const auto& e = parts[q]->extents();
+    for (std::size_t i = 0; i < Z::rank; ++i) {
+      if (i != d && e[i] != extents[i]) {
+        throw shape_error(message("zest: concat<'", D, "'>: operand ", q, " of \"",
+                                  view_of<Z::dims>, "\" has extent ", e[i], " along dim '",
+                                  Z::dims[i], "', operand 0 has ", extents[i],
+                                  ": the operands may differ only along '", D, "'"));
+      }
+    }
+    k.parts[q] = parts[q]->local().data();
+    k.offset[q + 1] = k.offset[q] + e[d];
+  }
+  extents[d] = k.offset[n_parts];
+  Z y(first.mesh(), extents, Z::uninitialized);
+  k.inner = autodiff::detail::rows_of(y.local_extents(), d).inner;
+  k.y = y.local().data();
+  for_each_kernel<B>(y.local_count(), k);
+  return y;
+}
+
+// index_select's checks: every id in [0, n); the ids on the host.
+template <char D, sharded_tensor X, sharded_tensor Ids>
+host_vector<std::int32_t> checked_ids(const X& x, const Ids& ids) {
+  const std::size_t n = x.extents()[X::dim_index(D)];
+  auto host = ids.local_to_host();
+  for (std::size_t p = 0; p < host.size(); ++p) {
+    const std::int32_t id = host[p];
+    if (id < 0 || static_cast<std::size_t>(id) >= n) {
+      throw shape_error(message("zest: index_select<'", D, "'>: id ", id, " at position ", p,
+                                " of the ids \"", view_of<Ids::dims>, "\" is outside [0, ", n,
+                                "), the extent of dim '", D, "' of \"", view_of<X::dims>, "\""));
+    }
+  }
+  return host;
+}
+
+template <char D, sharded_tensor Z, sharded_tensor Ids>
+Z index_select_whole(const Z& z, const Ids& ids, std::size_t count) {
+  using T = typename Z::value_type;
+  using B = typename Z::backend_type;
+  constexpr std::size_t d = Z::dim_index(D);
+  auto extents = z.extents();
+  extents[d] = count;
+  Z y(z.mesh(), extents, Z::uninitialized);
+  const autodiff::detail::rows_along r = autodiff::detail::rows_of(z.local_extents(), d);
+  for_each_kernel<B>(y.local_count(), autodiff::kernels::index_gather<T>{
+                                          z.local().data(), ids.local().data(), y.local().data(),
+                                          r.n, count, r.inner});
+  return y;
+}
+
+template <fixed_string Op, class X, class Ids>
+constexpr bool check_ids() {
+  if constexpr (!std::is_same_v<typename Ids::value_type, std::int32_t> || Ids::rank != 1 ||
+                !Ids::layout.all_replicate() ||
+                !std::is_same_v<typename Ids::mesh_type, typename X::mesh_type>) {
+    (void)autodiff::autodiff_error::index_ids<Op, Ids>{};
+    return false;
+  } else {
+    return true;
+  }
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// On plain tensors.
+
+// x's elements with index in [start, start + length) along D; x's layout (see the top).
+template <char D, sharded_tensor X>
+auto narrow(const X& x, std::size_t start, std::size_t length) {
+  if constexpr (!detail::check_shape_dim<"narrow", D, X>()) {
+    return 0;
+  } else {
+    using W = detail::along_whole<X, D>;
+    detail::check_narrow_range<D>(x, start, length);
+    return redistribute_to<X::layout>(
+        detail::narrow_whole<D>(autodiff::detail::at_layout<W::layout>(x), start, length));
+  }
+}
+
+// The operands one after the other along D; one tensor type, the other extents equal.
+template <char D, sharded_tensor X, sharded_tensor... Rest>
+auto concat(const X& first, const Rest&... rest) {
+  if constexpr (!detail::check_shape_dim<"concat", D, X>()) {
+    return 0;
+  } else if constexpr (!(std::is_same_v<X, Rest> && ...)) {
+    (void)autodiff::autodiff_error::concat_operands<"concat", X, Rest...>{};
+    return 0;
+  } else {
+    using W = detail::along_whole<X, D>;
+    return redistribute_to<X::layout>(
+        detail::concat_whole<D>(autodiff::detail::at_layout<W::layout>(first),
+                                autodiff::detail::at_layout<W::layout>(rest)...));
+  }
+}
+
+// y[..., r, ...] = x[..., ids[r], ...] along D; ids int32_t, one dim, replicated.
+template <char D, sharded_tensor X, sharded_tensor Ids>
+auto index_select(const X& x, const Ids& ids) {
+  if constexpr (!detail::check_shape_dim<"index_select", D, X>()) {
+    return 0;
+  } else if constexpr (!detail::check_ids<"index_select", X, Ids>()) {
+    return 0;
+  } else {
+    using W = detail::along_whole<X, D>;
+    const auto host = detail::checked_ids<D>(x, ids);
+    return redistribute_to<X::layout>(detail::index_select_whole<D>(
+        autodiff::detail::at_layout<W::layout>(x), ids, host.size()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// On the tape.
+
+namespace autodiff {
+
+// narrow<D>(x, start, length) recorded: its backward places the gradient at [start, start +
+// length) along D in zeros of x's shape.
+template <char D, sharded_tensor X>
+auto narrow(const variable<X>& x, std::size_t start, std::size_t length) {
+  if constexpr (!zest::detail::check_shape_dim<"narrow", D, X>()) {
+    return 0;
+  } else {
+    using W = zest::detail::along_whole<X, D>;
+    using G = typename W::grad_type;
+    return custom<"narrow">(
+        zest::narrow<D>(x.value(), start, length),
+        [start, length](const auto& dy, const auto&, const X& xv) {
+          using T = typename X::value_type;
+          using B = typename X::backend_type;
+          decltype(auto) dyw = detail::at_layout<W::grad_layout>(dy);
+          G dx(xv.mesh(), xv.extents(), G::uninitialized);
+          const detail::rows_along r = detail::rows_of(dx.local_extents(), X::dim_index(D));
+          for_each_kernel<B>(dx.local_count(),
+                             kernels::narrow_pad<T>{dyw.local().data(), dx.local().data(), r.n,
+                                                    start, length, r.inner});
+          return dx;
+        },
+        x);
+  }
+}
+
+// concat<D>(a, b, ...) recorded: each operand's gradient is its range of the result's.
+template <char D, sharded_tensor X, sharded_tensor... Rest>
+auto concat(const variable<X>& first, const variable<Rest>&... rest) {
+  if constexpr (!zest::detail::check_shape_dim<"concat", D, X>()) {
+    return 0;
+  } else if constexpr (!(std::is_same_v<X, Rest> && ...)) {
+    (void)autodiff_error::concat_operands<"concat", X, Rest...>{};
+    return 0;
+  } else {
+    using W = zest::detail::along_whole<X, D>;
+    return custom<"concat">(
+        zest::concat<D>(first.value(), rest.value()...),
+        [](const auto& dy, const auto&, const X& x0, const Rest&... xs) {
+          decltype(auto) dyw = detail::at_layout<W::grad_layout>(dy);
+          constexpr std::size_t d = X::dim_index(D);
+          std::size_t start = 0;
+          auto piece = [&](const auto& x) {
+            const std::size_t len = x.extents()[d];
+            auto g = zest::detail::narrow_whole<D>(dyw, start, len);
+            start += len;
+            return g;
+          };
+          // Braced initialisation evaluates the pieces in order.
+          return std::tuple{piece(x0), piece(xs)...};
+        },
+        first, rest...);
+  }
+}
+
+// index_select<D>(x, ids) recorded: x's gradient adds each position's gradient into its row
+// (a deterministic scatter-add, see the top).
+template <char D, sharded_tensor X, sharded_tensor Ids>
+auto index_select(const variable<X>& x, const Ids& ids) {
+  if constexpr (!zest::detail::check_shape_dim<"index_select", D, X>()) {
+    return 0;
+  } else if constexpr (!zest::detail::check_ids<"index_select", X, Ids>()) {
+    return 0;
+  } else {
+    using B = typename X::backend_type;
+    using W = zest::detail::along_whole<X, D>;
+    using G = typename W::grad_type;
+    const X& xv = x.value();
+    const auto checked = zest::detail::checked_ids<D>(xv, ids);
+    const std::size_t n = xv.extents()[X::dim_index(D)], m = checked.size();
+    auto y = redistribute_to<X::layout>(
+        zest::detail::index_select_whole<D>(detail::at_layout<W::layout>(xv), ids, m));
+    // The positions of each row of x, in order (a stable counting sort of the checked ids).
+    std::vector<std::size_t> first(n + 1, 0), order(m);
+    for (const std::int32_t id : checked) ++first[static_cast<std::size_t>(id) + 1];
+    for (std::size_t j = 0; j < n; ++j) first[j + 1] += first[j];
+    std::vector<std::size_t> next(first.begin(), first.end() - 1);
+    for (std::size_t p = 0; p < m; ++p) order[next[static_cast<std::size_t>(checked[p])]++] = p;
+    struct row_lists {
+      typename B::template buffer<std::size_t> first, order;
+    };
+    auto lists = std::make_shared<row_lists>(
+        row_lists{B::template from_host<std::size_t>(std::span<const std::size_t>(first)),
+                  B::template from_host<std::size_t>(std::span<const std::size_t>(order))});
+    return custom<"index_select">(
+        std::move(y),
+        [lists, m](const auto& dy, const auto&, const X& xv) {
+          using T = typename X::value_type;
+          decltype(auto) dyw = detail::at_layout<W::grad_layout>(dy);
+          G dx(xv.mesh(), xv.extents(), G::uninitialized);
+          const detail::rows_along r = detail::rows_of(dx.local_extents(), X::dim_index(D));
+          for_each_kernel<B>(dx.local_count(), kernels::index_scatter<T>{
+                                                   dyw.local().data(), lists->first.data(),
+                                                   lists->order.data(), dx.local().data(), r.n,
+                                                   m, r.inner});
+          return dx;
+        },
+        x);
+  }
+}
+
+}  // namespace autodiff
+
+}  // namespace zest
