@@ -1,7 +1,7 @@
-// The shape ops of zest/autodiff/shape_ops.hpp (narrow, concat, index_select) at 1, 2 and 4
-// ranks: values against references computed here on global row-major arrays, gradients with
-// zest::testing::check_gradients (double, default tolerances), and the result layout (the
-// input's). Along b, t and m of "btm" (first, middle and last dim), replicated, split over dp,
+// The shape ops of zest/autodiff/shape_ops.hpp (narrow, concat, index_select, merge_dims,
+// split_dim) at 1, 2 and 4 ranks: values against references computed here on global
+// row-major arrays, gradients with zest::testing::check_gradients (double, default
+// tolerances), and the result layout (the input's, or its dims renamed). Along b, t and m of "btm" (first, middle and last dim), replicated, split over dp,
 // over dp x tp, t split over dp and tp together, and m split with tp partial; b = 5, t = 7 and
 // m = 6 do not split evenly over 2 or 4 ranks, so shards are uneven, along the op's dim too.
 // Each on the host backend (mesh<"dp", "tp">) and the emulated one (emulated_mesh, the GPU's
@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "support/fixtures.hpp"
@@ -294,6 +295,67 @@ TEST_CASE("narrow of a concat, through tanh") {
         },
         a, b);
     CHECK_MESSAGE(r.ok(), r);
+  });
+}
+
+// merge_dims / split_dim: the global values are unchanged (row-major), the layout follows the
+// dims, and a round trip gives x's values back.
+TEST_CASE("merge_dims and split_dim") {
+  on_every_mesh([&](const auto& m) {
+    using M = std::remove_cvref_t<decltype(m)>;
+    static_assert(std::is_same_v<decltype(zest::merge_dims<"bk">(
+                                     std::declval<tensor<double, M, "btm",
+                                                         layout<split<'b', "dp">,
+                                                                split<'t', "tp">>>>())),
+                                 tensor<double, M, "bk",
+                                        layout<split<'b', "dp">, split<'k', "tp">>>>);
+    static_assert(std::is_same_v<decltype(zest::split_dim<"bsh">(
+                                     std::declval<tensor<double, M, "bk",
+                                                         layout<split<'k', "dp", "tp">>>>(),
+                                     1)),
+                                 tensor<double, M, "bsh", layout<split<'s', "dp", "tp">>>>);
+    on_every_layout([&]<class L>() {
+      using x_t = tensor<double, M, "btm", L>;
+      CAPTURE(layout_string<x_t>());
+      const auto in = global_values(xe, 8);
+      const x_t x = x_t::from_global(m, xe, in);
+      // t and m as k, and b and t as k.
+      auto inner = zest::merge_dims<"bk">(x);
+      CHECK(inner.extents() == std::array<std::size_t, 2>{5, 42});
+      CHECK(relative_error(global_of(inner), in) < 1e-15);
+      auto outer = zest::merge_dims<"km">(x);
+      CHECK(outer.extents() == std::array<std::size_t, 2>{35, 6});
+      CHECK(relative_error(global_of(outer), in) < 1e-15);
+      // Back (the axes that split the merged dim now split its outer part: x's layout again
+      // unless x split the inner one).
+      auto back = zest::split_dim<"btm">(inner, 7);
+      CHECK(relative_error(global_of(back), in) < 1e-15);
+      auto back2 = zest::split_dim<"btm">(outer, 5);
+      CHECK(relative_error(global_of(back2), in) < 1e-15);
+      const auto r = check_gradients(
+          options(),
+          [](ad::tape& t, const auto& v) {
+            // Merged, narrowed along the merged dim (a range across rows of m), split again.
+            auto k = ad::merge_dims<"bk">(v);
+            return weighted_sum(t, ad::split_dim<"bsh">(ad::narrow<'k'>(k, 3, 36), 9));
+          },
+          x);
+      CHECK_MESSAGE(r.ok(), r);
+      const auto r2 = check_gradients(
+          options(),
+          [](ad::tape& t, const auto& v) { return weighted_sum(t, ad::merge_dims<"km">(v)); },
+          x);
+      CHECK_MESSAGE(r2.ok(), r2);
+      // split_dim's outer extent must divide the dim.
+      try {
+        (void)zest::split_dim<"bsh">(inner, 5);
+        FAIL("no shape_error");
+      } catch (const shape_error& e) {
+        const std::string what = e.what();
+        CHECK(what.find("split_dim<\"bsh\">") != std::string::npos);
+        CHECK(what.find("extent 42, not a multiple of 5") != std::string::npos);
+      }
+    });
   });
 }
 

@@ -1,8 +1,10 @@
-// zest/autodiff/shape_ops.hpp — slicing, concatenation and gathering along a named dim.
+// zest/autodiff/shape_ops.hpp — slicing, concatenation, gathering, merging and splitting dims.
 //
 //   auto h = autodiff::narrow<'t'>(x, 2, 5);          // x "btm": t in [2, 7)
 //   auto c = autodiff::concat<'m'>(a, b);             // and concat<'m'>(a, b, c, ...)
 //   auto g = autodiff::index_select<'t'>(x, ids);     // ids "r" int32_t: x's t = ids[r]
+//   auto k = autodiff::merge_dims<"bk">(x3);          // x3 "bsh": k = s * extent(h) + h
+//   auto s = autodiff::split_dim<"bsh">(k, 4);        // back: extent(s) = 4
 //   auto y = zest::narrow<'t'>(xv, 2, 5);             // the same on plain tensors (no tape)
 //
 // Each is defined once (zest/autodiff/op.hpp): the layout rule, the checks and the backward
@@ -28,11 +30,19 @@
 // redistributed to the input's gradient layout (again a local pick of each rank's block).
 // To avoid the gather, keep D whole: split another dim.
 //
-// Checks. Compile time: D a dim of the tensor; concat's operands of one tensor type;
+// merge_dims and split_dim ("bsh" <-> "bk", k = s * extent(h) + h) keep the storage as it is
+// (row-major, so the merged index is the pair's flat index). The axes that split s or h split
+// k (s's axes major), and the axes that split k split s. With the dims involved whole nothing
+// is sent; split, they are gathered first and each rank keeps its block of the result, for the
+// same reason: a rank's block of s, times all of h, is not its block of k when the extents do
+// not divide evenly.
+//
+// Checks. Compile time: D a dim of the tensor; concat's operands of one tensor type; the new
+// dims of merge_dims / split_dim the old ones with one adjacent pair merged / one dim split;
 // index_select's ids an int32_t tensor of one dim, replicated, on x's mesh. Run time
 // (zest::shape_error naming the op, the dim and the extents): a narrow range outside the
 // dim, concat operands whose other extents differ, an id outside [0, extent of D) (with its
-// position among the ids).
+// position among the ids), a dim that split_dim's outer extent does not divide.
 //
 // index_select's backward is a deterministic scatter-add without atomics: the ids are
 // sorted by row on the host where they are checked (a stable counting sort), and each element
@@ -44,6 +54,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -194,6 +205,20 @@ struct index_ids {
                 "(not split, not partial), on x's mesh (ids shown above). Fix: give them one "
                 "dim, e.g. tensor<std::int32_t, mesh_t, \"r\">, and redistribute<layout<>>(ids).");
 };
+template <fixed_string From, fixed_string To>
+struct merge_dims_pattern {
+  static_assert(always_false<decltype(From)>,
+                "zest merge_dims<NewDims>: NewDims must be the tensor's dims with two adjacent "
+                "dims written as one new letter, e.g. \"bk\" for \"bsh\" (k = s * extent(h) + "
+                "h); both shown above. Fix: keep the other dims and their order.");
+};
+template <fixed_string From, fixed_string To>
+struct split_dim_pattern {
+  static_assert(always_false<decltype(From)>,
+                "zest split_dim<NewDims>: NewDims must be the tensor's dims with one dim written "
+                "as two new letters, outer then inner, e.g. \"bsh\" for \"bk\"; both shown "
+                "above. Fix: keep the other dims and their order.");
+};
 }  // namespace autodiff::autodiff_error
 
 namespace detail {
@@ -329,6 +354,114 @@ constexpr bool check_ids() {
   }
 }
 
+// merge_dims<To> of From: the position p at which From's dims p and p + 1 became To's dim p,
+// or npos when To is not From so merged.
+template <fixed_string From, fixed_string To>
+constexpr std::size_t merged_at() {
+  if (To.size() + 1 != From.size()) return std::string_view::npos;
+  for (std::size_t p = 0; p < To.size(); ++p) {
+    bool same = true;
+    for (std::size_t i = 0; i < p; ++i) same = same && To[i] == From[i];
+    for (std::size_t i = p + 1; i < To.size(); ++i) same = same && To[i] == From[i + 1];
+    if (same) return p;
+  }
+  return std::string_view::npos;
+}
+
+// The layout of the merged tensor: the axes that split From[p] or From[p + 1] split the new
+// dim, outer dim's axes major.
+template <fixed_string From, fixed_string To>
+constexpr layout_value merged_layout(layout_value v) {
+  constexpr std::size_t p = merged_at<From, To>();
+  const std::size_t outer_splits = v.split_count(From[p]);
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    if (v.splits(a, From[p])) {
+      v.axes[a].dim = To[p];
+    } else if (v.splits(a, From[p + 1])) {
+      v.axes[a].dim = To[p];
+      v.axes[a].order = static_cast<std::uint8_t>(v.axes[a].order + outer_splits);
+    }
+  }
+  return v;
+}
+
+template <class X, fixed_string To>
+struct merged {
+  static constexpr std::size_t p = merged_at<X::dims, To>();
+  static constexpr layout_value whole =
+      whole_along(whole_along(X::layout, X::dims[p]), X::dims[p + 1]);
+  static constexpr layout_value layout = merged_layout<X::dims, To>(X::layout);
+  static constexpr layout_value grad_whole = whole_along(autodiff::dual(layout), To[p]);
+  using whole_type = basic_tensor<typename X::value_type, typename X::mesh_type, To, whole>;
+  using type = basic_tensor<typename X::value_type, typename X::mesh_type, To, layout>;
+  using grad_type =
+      basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, grad_whole>;
+};
+
+// The same storage under other dims and extents (the layouts keep the changed dims whole).
+template <class Z, sharded_tensor Y>
+Z reinterpret(Y&& y, const typename Z::extents_type& extents) {
+  if constexpr (!std::is_lvalue_reference_v<Y> && !std::is_const_v<std::remove_reference_t<Y>>) {
+    return Z(y.mesh(), extents, std::move(y.storage()));
+  } else {
+    return Z(y.mesh(), extents, typename Z::storage_type(y.storage()));
+  }
+}
+
+// split_dim<To> of From: the position p whose dim became To's dims p and p + 1, or npos.
+template <fixed_string From, fixed_string To>
+constexpr std::size_t split_at() {
+  return merged_at<To, From>();
+}
+
+template <class X, fixed_string To>
+struct unmerged {
+  static constexpr std::size_t p = split_at<X::dims, To>();
+  static constexpr layout_value whole = whole_along(X::layout, X::dims[p]);
+  // The axes that split the dim split its outer part.
+  static constexpr layout_value layout = [] {
+    layout_value v = X::layout;
+    for (std::size_t a = 0; a < v.axis_count; ++a) {
+      if (v.splits(a, X::dims[p])) v.axes[a].dim = To[p];
+    }
+    return v;
+  }();
+  static constexpr layout_value grad_whole =
+      whole_along(whole_along(autodiff::dual(layout), To[p]), To[p + 1]);
+  using whole_type = basic_tensor<typename X::value_type, typename X::mesh_type, To, whole>;
+  using type = basic_tensor<typename X::value_type, typename X::mesh_type, To, layout>;
+  using grad_type =
+      basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, grad_whole>;
+};
+
+template <fixed_string To, sharded_tensor X>
+typename unmerged<X, To>::type::extents_type split_extents(const X& x, std::size_t outer) {
+  constexpr std::size_t p = unmerged<X, To>::p;
+  const std::size_t n = x.extents()[p];
+  if (outer == 0 || n % outer != 0) {
+    throw shape_error(message("zest: split_dim<\"", view_of<To>, "\">: dim '", X::dims[p],
+                              "' of \"", view_of<X::dims>, "\" has extent ", n,
+                              ", not a multiple of ", outer, ", the extent given for '", To[p],
+                              "'"));
+  }
+  typename unmerged<X, To>::type::extents_type e{};
+  for (std::size_t i = 0; i < p; ++i) e[i] = x.extents()[i];
+  e[p] = outer;
+  e[p + 1] = n / outer;
+  for (std::size_t i = p + 1; i < X::rank; ++i) e[i + 1] = x.extents()[i];
+  return e;
+}
+
+template <fixed_string To, sharded_tensor X>
+typename merged<X, To>::type::extents_type merge_extents(const X& x) {
+  constexpr std::size_t p = merged<X, To>::p;
+  typename merged<X, To>::type::extents_type e{};
+  for (std::size_t i = 0; i < p; ++i) e[i] = x.extents()[i];
+  e[p] = x.extents()[p] * x.extents()[p + 1];
+  for (std::size_t i = p + 1; i < To.size(); ++i) e[i] = x.extents()[i + 1];
+  return e;
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------
@@ -375,6 +508,36 @@ auto index_select(const X& x, const Ids& ids) {
     const auto host = detail::checked_ids<D>(x, ids);
     return redistribute_to<X::layout>(detail::index_select_whole<D>(
         autodiff::detail::at_layout<W::layout>(x), ids, host.size()));
+  }
+}
+
+// Two adjacent dims as one: merge_dims<"bk">(x "bsh") has k = s * extent(h) + h (the storage
+// unchanged, row-major). The axes that split s or h split k (s's major); with s and h whole
+// nothing moves, else they are gathered first and each rank keeps its block of k.
+template <fixed_string To, sharded_tensor X>
+auto merge_dims(const X& x) {
+  if constexpr (detail::merged_at<X::dims, To>() == std::string_view::npos) {
+    (void)autodiff::autodiff_error::merge_dims_pattern<X::dims, To>{};
+    return 0;
+  } else {
+    using Mg = detail::merged<X, To>;
+    return redistribute_to<Mg::layout>(detail::reinterpret<typename Mg::whole_type>(
+        autodiff::detail::at_layout<Mg::whole>(x), detail::merge_extents<To>(x)));
+  }
+}
+
+// One dim as two, outer then inner: split_dim<"bsh">(x "bk", s) with extent(k) = s * extent(h).
+// The axes that split k split s; with k whole nothing moves, else k is gathered first.
+template <fixed_string To, sharded_tensor X>
+auto split_dim(const X& x, std::size_t outer) {
+  if constexpr (detail::split_at<X::dims, To>() == std::string_view::npos) {
+    (void)autodiff::autodiff_error::split_dim_pattern<X::dims, To>{};
+    return 0;
+  } else {
+    using Sp = detail::unmerged<X, To>;
+    const auto extents = detail::split_extents<To>(x, outer);
+    return redistribute_to<Sp::layout>(detail::reinterpret<typename Sp::whole_type>(
+        autodiff::detail::at_layout<Sp::whole>(x), extents));
   }
 }
 
@@ -479,6 +642,42 @@ auto index_select(const variable<X>& x, const Ids& ids) {
                                                    lists->order.data(), dx.local().data(), r.n,
                                                    m, r.inner});
           return dx;
+        },
+        x);
+  }
+}
+
+// merge_dims<To>(x) recorded: the gradient is split back (the storage unchanged).
+template <fixed_string To, sharded_tensor X>
+auto merge_dims(const variable<X>& x) {
+  if constexpr (zest::detail::merged_at<X::dims, To>() == std::string_view::npos) {
+    (void)autodiff_error::merge_dims_pattern<X::dims, To>{};
+    return 0;
+  } else {
+    using Mg = zest::detail::merged<X, To>;
+    return custom<"merge_dims">(
+        zest::merge_dims<To>(x.value()),
+        [](const auto& dy, const auto&, const X& xv) {
+          return zest::detail::reinterpret<typename Mg::grad_type>(
+              detail::at_layout<Mg::grad_whole>(dy), xv.extents());
+        },
+        x);
+  }
+}
+
+// split_dim<To>(x, outer) recorded: the gradient is merged back.
+template <fixed_string To, sharded_tensor X>
+auto split_dim(const variable<X>& x, std::size_t outer) {
+  if constexpr (zest::detail::split_at<X::dims, To>() == std::string_view::npos) {
+    (void)autodiff_error::split_dim_pattern<X::dims, To>{};
+    return 0;
+  } else {
+    using Sp = zest::detail::unmerged<X, To>;
+    return custom<"split_dim">(
+        zest::split_dim<To>(x.value(), outer),
+        [](const auto& dy, const auto&, const X& xv) {
+          return zest::detail::reinterpret<typename Sp::grad_type>(
+              detail::at_layout<Sp::grad_whole>(dy), xv.extents());
         },
         x);
   }
