@@ -246,9 +246,16 @@ void check_index_select() {
       extents3 ye = xe;
       ye[d] = picks.size();
       CHECK(y.extents() == ye);
-      CHECK(relative_error(global_of(y), gather_ref(in, xe, ye, d, [&](std::size_t j) {
-                             return static_cast<std::size_t>(picks[j]);
-                           })) < 1e-15);
+      const auto want = gather_ref(in, xe, ye, d, [&](std::size_t j) {
+        return static_cast<std::size_t>(picks[j]);
+      });
+      CHECK(relative_error(global_of(y), want) < 1e-15);
+      {  // On a constant (no gradient recorded).
+        ad::tape t;
+        auto c = ad::index_select<D>(t.constant(x), ids);
+        CHECK_FALSE(c.requires_grad());
+        CHECK(relative_error(global_of(c.value()), want) < 1e-15);
+      }
       const auto r = check_gradients(
           options(),
           [&](ad::tape& t, const auto& v) {

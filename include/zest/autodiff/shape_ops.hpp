@@ -618,18 +618,22 @@ auto index_select(const variable<X>& x, const Ids& ids) {
     const std::size_t n = xv.extents()[X::dim_index(D)], m = checked.size();
     auto y = redistribute_to<X::layout>(
         zest::detail::index_select_whole<D>(detail::at_layout<W::layout>(xv), ids, m));
-    // The positions of each row of x, in order (a stable counting sort of the checked ids).
-    std::vector<std::size_t> first(n + 1, 0), order(m);
-    for (const std::int32_t id : checked) ++first[static_cast<std::size_t>(id) + 1];
-    for (std::size_t j = 0; j < n; ++j) first[j + 1] += first[j];
-    std::vector<std::size_t> next(first.begin(), first.end() - 1);
-    for (std::size_t p = 0; p < m; ++p) order[next[static_cast<std::size_t>(checked[p])]++] = p;
+    // For the gradient: the positions of each row of x, in order (a stable counting sort of
+    // the checked ids), on the backend.
     struct row_lists {
       typename B::template buffer<std::size_t> first, order;
     };
-    auto lists = std::make_shared<row_lists>(
-        row_lists{B::template from_host<std::size_t>(std::span<const std::size_t>(first)),
-                  B::template from_host<std::size_t>(std::span<const std::size_t>(order))});
+    std::shared_ptr<row_lists> lists;
+    if (x.requires_grad()) {
+      std::vector<std::size_t> first(n + 1, 0), order(m);
+      for (const std::int32_t id : checked) ++first[static_cast<std::size_t>(id) + 1];
+      for (std::size_t j = 0; j < n; ++j) first[j + 1] += first[j];
+      std::vector<std::size_t> next(first.begin(), first.end() - 1);
+      for (std::size_t p = 0; p < m; ++p) order[next[static_cast<std::size_t>(checked[p])]++] = p;
+      lists = std::make_shared<row_lists>(
+          row_lists{B::template from_host<std::size_t>(std::span<const std::size_t>(first)),
+                    B::template from_host<std::size_t>(std::span<const std::size_t>(order))});
+    }
     return custom<"index_select">(
         std::move(y),
         [lists, m](const auto& dy, const auto&, const X& xv) {
