@@ -262,7 +262,7 @@ __global__ void reduce_kernel(reduce_descriptor r, const S* src, D* dst, std::ui
 
 // f(i) for each i < n: the loop bodies of the generic code paths (backend.hpp's for_each).
 template <class F>
-__global__ void for_each_kernel(std::uint64_t n, F f) {
+__global__ void grid_for_each(std::uint64_t n, F f) {
   for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::uint64_t{gridDim.x} * blockDim.x) {
     f(static_cast<std::size_t>(i));
@@ -275,7 +275,7 @@ __global__ void for_each_kernel(std::uint64_t n, F f) {
 // kernels name ::cuda::std types, which a user's `using namespace zest;` makes ambiguous
 // with zest::cuda in nvcc's generated host stubs.)
 template <class F>
-__global__ void sum_kernel(std::uint64_t n, F f, double* partial) {
+__global__ void grid_sum(std::uint64_t n, F f, double* partial) {
   __shared__ double cache[threads_per_block];
   double s = 0;
   for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
@@ -298,7 +298,7 @@ struct partial_sum {
 template <class F>
 void launch_for_each(std::size_t n, const F& f) {
   if (n == 0) return;
-  for_each_kernel<F>
+  grid_for_each<F>
       <<<blocks_for(n, threads_per_block), threads_per_block, 0, compute_stream()>>>(n, f);
   ZEST_CUDA_CHECK(cudaGetLastError());
 }
@@ -308,9 +308,9 @@ double launch_sum(std::size_t n, const F& f) {
   constexpr unsigned max_blocks = threads_per_block;  // the second pass is one block
   const unsigned blocks = std::min(blocks_for(n, threads_per_block), max_blocks);
   workspace<double> partial(blocks), total(1);
-  sum_kernel<F><<<blocks, threads_per_block, 0, compute_stream()>>>(n, f, partial.data());
+  grid_sum<F><<<blocks, threads_per_block, 0, compute_stream()>>>(n, f, partial.data());
   ZEST_CUDA_CHECK(cudaGetLastError());
-  sum_kernel<partial_sum><<<1, threads_per_block, 0, compute_stream()>>>(
+  grid_sum<partial_sum><<<1, threads_per_block, 0, compute_stream()>>>(
       blocks, partial_sum{partial.data()}, total.data());
   ZEST_CUDA_CHECK(cudaGetLastError());
   double result = 0;
