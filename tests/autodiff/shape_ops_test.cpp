@@ -246,9 +246,8 @@ void check_index_select() {
       extents3 ye = xe;
       ye[d] = picks.size();
       CHECK(y.extents() == ye);
-      const auto want = gather_ref(in, xe, ye, d, [&](std::size_t j) {
-        return static_cast<std::size_t>(picks[j]);
-      });
+      const auto want = gather_ref(
+          in, xe, ye, d, [&](std::size_t j) { return static_cast<std::size_t>(picks[j]); });
       CHECK(relative_error(global_of(y), want) < 1e-15);
       {  // On a constant (no gradient recorded).
         ad::tape t;
@@ -310,17 +309,15 @@ TEST_CASE("narrow of a concat, through tanh") {
 TEST_CASE("merge_dims and split_dim") {
   on_every_mesh([&](const auto& m) {
     using M = std::remove_cvref_t<decltype(m)>;
-    static_assert(std::is_same_v<decltype(zest::merge_dims<"bk">(
-                                     std::declval<tensor<double, M, "btm",
-                                                         layout<split<'b', "dp">,
-                                                                split<'t', "tp">>>>())),
-                                 tensor<double, M, "bk",
-                                        layout<split<'b', "dp">, split<'k', "tp">>>>);
-    static_assert(std::is_same_v<decltype(zest::split_dim<"bsh">(
-                                     std::declval<tensor<double, M, "bk",
-                                                         layout<split<'k', "dp", "tp">>>>(),
-                                     1)),
-                                 tensor<double, M, "bsh", layout<split<'s', "dp", "tp">>>>);
+    static_assert(
+        std::is_same_v<decltype(zest::merge_dims<"bk">(
+                           std::declval<tensor<double, M, "btm",
+                                               layout<split<'b', "dp">, split<'t', "tp">>>>())),
+                       tensor<double, M, "bk", layout<split<'b', "dp">, split<'k', "tp">>>>);
+    static_assert(std::is_same_v<
+                  decltype(zest::split_dim<"bsh">(
+                      std::declval<tensor<double, M, "bk", layout<split<'k', "dp", "tp">>>>(), 1)),
+                  tensor<double, M, "bsh", layout<split<'s', "dp", "tp">>>>);
     on_every_layout([&]<class L>() {
       using x_t = tensor<double, M, "btm", L>;
       CAPTURE(layout_string<x_t>());
@@ -350,8 +347,7 @@ TEST_CASE("merge_dims and split_dim") {
       CHECK_MESSAGE(r.ok(), r);
       const auto r2 = check_gradients(
           options(),
-          [](ad::tape& t, const auto& v) { return weighted_sum(t, ad::merge_dims<"km">(v)); },
-          x);
+          [](ad::tape& t, const auto& v) { return weighted_sum(t, ad::merge_dims<"km">(v)); }, x);
       CHECK_MESSAGE(r2.ok(), r2);
       // split_dim's outer extent must divide the dim.
       try {

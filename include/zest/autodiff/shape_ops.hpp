@@ -180,7 +180,8 @@ struct index_scatter {
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
     T total = 0;
-    for (std::size_t p = first[j]; p < first[j + 1]; ++p) total += dy[(o * m + order[p]) * inner + k];
+    for (std::size_t p = first[j]; p < first[j + 1]; ++p)
+      total += dy[(o * m + order[p]) * inner + k];
     dx[i] = total;
   }
 };
@@ -273,9 +274,9 @@ Z narrow_whole(const Z& z, std::size_t start, std::size_t length) {
   extents[d] = length;
   Z y(z.mesh(), extents, Z::uninitialized);
   const autodiff::detail::rows_along r = autodiff::detail::rows_of(z.local_extents(), d);
-  for_each_kernel<B>(y.local_count(), autodiff::kernels::narrow_copy<T>{
-                                          z.local().data(), y.local().data(), r.n, start, length,
-                                          r.inner});
+  for_each_kernel<B>(y.local_count(),
+                     autodiff::kernels::narrow_copy<T>{z.local().data(), y.local().data(), r.n,
+                                                       start, length, r.inner});
   return y;
 }
 
@@ -336,9 +337,9 @@ Z index_select_whole(const Z& z, const Ids& ids, std::size_t count) {
   extents[d] = count;
   Z y(z.mesh(), extents, Z::uninitialized);
   const autodiff::detail::rows_along r = autodiff::detail::rows_of(z.local_extents(), d);
-  for_each_kernel<B>(y.local_count(), autodiff::kernels::index_gather<T>{
-                                          z.local().data(), ids.local().data(), y.local().data(),
-                                          r.n, count, r.inner});
+  for_each_kernel<B>(y.local_count(),
+                     autodiff::kernels::index_gather<T>{z.local().data(), ids.local().data(),
+                                                        y.local().data(), r.n, count, r.inner});
   return y;
 }
 
@@ -506,8 +507,8 @@ auto index_select(const X& x, const Ids& ids) {
   } else {
     using W = detail::along_whole<X, D>;
     const auto host = detail::checked_ids<D>(x, ids);
-    return redistribute_to<X::layout>(detail::index_select_whole<D>(
-        autodiff::detail::at_layout<W::layout>(x), ids, host.size()));
+    return redistribute_to<X::layout>(
+        detail::index_select_whole<D>(autodiff::detail::at_layout<W::layout>(x), ids, host.size()));
   }
 }
 
@@ -641,10 +642,10 @@ auto index_select(const variable<X>& x, const Ids& ids) {
           decltype(auto) dyw = detail::at_layout<W::grad_layout>(dy);
           G dx(xv.mesh(), xv.extents(), G::uninitialized);
           const detail::rows_along r = detail::rows_of(dx.local_extents(), X::dim_index(D));
-          for_each_kernel<B>(dx.local_count(), kernels::index_scatter<T>{
-                                                   dyw.local().data(), lists->first.data(),
-                                                   lists->order.data(), dx.local().data(), r.n,
-                                                   m, r.inner});
+          for_each_kernel<B>(
+              dx.local_count(),
+              kernels::index_scatter<T>{dyw.local().data(), lists->first.data(),
+                                        lists->order.data(), dx.local().data(), r.n, m, r.inner});
           return dx;
         },
         x);
