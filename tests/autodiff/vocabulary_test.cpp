@@ -60,7 +60,8 @@ run_result run_once(const M& m, Op op, const std::tuple<typename X::extents_type
     ad::backward(loss);
     (out.grads.push_back(as_double(to_global(std::get<I>(vars).grad()))), ...);
     return out;
-  }(std::index_sequence_for<X...>{});
+  }
+  (std::index_sequence_for<X...>{});
 }
 
 // The value against `want`, every gradient against central differences.
@@ -171,20 +172,19 @@ TEST_CASE("exp, log, tanh, sigmoid, silu") {
 
 TEST_CASE("relu, abs, sqrt, rsqrt, pow, shift") {
   // Inputs shifted off the kinks at 0.
-  check_unary([](const auto& x) { return ad::relu(x); },
-              [](double v) { return v > 0 ? v : 0.0; }, 1, 0.0137);
+  check_unary([](const auto& x) { return ad::relu(x); }, [](double v) { return v > 0 ? v : 0.0; },
+              1, 0.0137);
   check_unary([](const auto& x) { return ad::abs(x); }, [](double v) { return std::abs(v); }, 1,
               0.0137);
-  check_unary([](const auto& x) { return ad::sqrt(x); }, [](double v) { return std::sqrt(v); },
+  check_unary([](const auto& x) { return ad::sqrt(x); }, [](double v) { return std::sqrt(v); }, 0.2,
+              1.5);
+  check_unary([](const auto& x) { return ad::rsqrt(x); }, [](double v) { return 1 / std::sqrt(v); },
               0.2, 1.5);
-  check_unary([](const auto& x) { return ad::rsqrt(x); },
-              [](double v) { return 1 / std::sqrt(v); }, 0.2, 1.5);
   check_unary([](const auto& x) { return ad::pow(x, 2.5); },
               [](double v) { return std::pow(v, 2.5); }, 0.2, 1.5);
   check_unary([](const auto& x) { return ad::pow(x, 3.0); },
               [](double v) { return v * v * v; });  // negative bases, integer exponent
-  check_unary([](const auto& x) { return ad::shift(x, 0.75); },
-              [](double v) { return v + 0.75; });
+  check_unary([](const auto& x) { return ad::shift(x, 0.75); }, [](double v) { return v + 0.75; });
 }
 
 TEST_CASE("unary with two lambdas: a user's element-wise op") {
@@ -266,10 +266,14 @@ void check_rows() {
         var_of.push_back(v / static_cast<double>(row.size()));
       });
       const auto one = std::tuple{xe};
-      check_op<x_t>(m, [](const auto& x) { return ad::softmax<D>(x); }, one, in, soft);
-      check_op<x_t>(m, [](const auto& x) { return ad::log_softmax<D>(x); }, one, in, logsoft);
-      check_op<x_t>(m, [](const auto& x) { return ad::mean<D>(x); }, one, in, mean_of);
-      check_op<x_t>(m, [](const auto& x) { return ad::variance<D>(x); }, one, in, var_of);
+      check_op<x_t>(
+          m, [](const auto& x) { return ad::softmax<D>(x); }, one, in, soft);
+      check_op<x_t>(
+          m, [](const auto& x) { return ad::log_softmax<D>(x); }, one, in, logsoft);
+      check_op<x_t>(
+          m, [](const auto& x) { return ad::mean<D>(x); }, one, in, mean_of);
+      check_op<x_t>(
+          m, [](const auto& x) { return ad::variance<D>(x); }, one, in, var_of);
     });
   });
 }
@@ -292,7 +296,8 @@ TEST_CASE("mean over a split dim: a pending sum, reduced by the loss") {
       want.push_back(s / static_cast<double>(row.size()));
     });
     check_op<x_t>(
-        m, [](const auto& x) { return ad::redistribute<layout<split<'b', "dp">>>(ad::mean<'m'>(x)); },
+        m,
+        [](const auto& x) { return ad::redistribute<layout<split<'b', "dp">>>(ad::mean<'m'>(x)); },
         std::tuple{xe}, in, want);
   });
 }
@@ -300,23 +305,21 @@ TEST_CASE("mean over a split dim: a pending sum, reduced by the loss") {
 TEST_CASE("rms_norm along m") {
   on_every_mesh([&](const auto& m) {
     using M = std::remove_cvref_t<decltype(m)>;
-    on_every_layout<true>(
-        [&]<class L>() {
-          using x_t = tensor<double, M, "btm", L>;
-          using g_t = tensor<double, M, "m", layout<split<'m', "dp">>>;  // ZeRO-style storage
-          const globals in{inputs(5, 2), global_values(std::array<std::size_t, 1>{xe[2]}, 6)};
-          std::vector<double> want(in[0].size());
-          reference_rows(2, [&](const std::vector<std::size_t>& row) {
-            double ms = 0;
-            for (auto i : row) ms += in[0][i] * in[0][i];
-            const double r = 1 / std::sqrt(ms / static_cast<double>(row.size()) + 1e-6);
-            for (std::size_t j = 0; j < row.size(); ++j)
-              want[row[j]] = in[0][row[j]] * r * in[1][j];
-          });
-          check_op<x_t, g_t>(
-              m, [](const auto& x, const auto& g) { return ad::rms_norm<'m'>(x, g); },
-              std::tuple{xe, std::array<std::size_t, 1>{xe[2]}}, in, want);
-        });
+    on_every_layout<true>([&]<class L>() {
+      using x_t = tensor<double, M, "btm", L>;
+      using g_t = tensor<double, M, "m", layout<split<'m', "dp">>>;  // ZeRO-style storage
+      const globals in{inputs(5, 2), global_values(std::array<std::size_t, 1>{xe[2]}, 6)};
+      std::vector<double> want(in[0].size());
+      reference_rows(2, [&](const std::vector<std::size_t>& row) {
+        double ms = 0;
+        for (auto i : row) ms += in[0][i] * in[0][i];
+        const double r = 1 / std::sqrt(ms / static_cast<double>(row.size()) + 1e-6);
+        for (std::size_t j = 0; j < row.size(); ++j) want[row[j]] = in[0][row[j]] * r * in[1][j];
+      });
+      check_op<x_t, g_t>(
+          m, [](const auto& x, const auto& g) { return ad::rms_norm<'m'>(x, g); },
+          std::tuple{xe, std::array<std::size_t, 1>{xe[2]}}, in, want);
+    });
   });
 }
 
@@ -344,40 +347,39 @@ struct minus_max {
 TEST_CASE("rowwise and custom: a user's row op and general op") {
   on_every_mesh([&](const auto& m) {
     using M = std::remove_cvref_t<decltype(m)>;
-    on_every_layout<true>(
-        [&]<class L>() {
-          using x_t = tensor<double, M, "btm", L>;
-          const globals in{inputs(7)};
-          std::vector<double> want(in[0].size());
-          reference_rows(2, [&](const std::vector<std::size_t>& row) {
-            double mx = -1e300;
-            for (auto i : row) mx = std::max(mx, in[0][i]);
-            for (auto i : row) want[i] = in[0][i] - mx;
-          });
-          check_op<x_t>(
-              m, [](const auto& x) { return ad::rowwise<'m', "minus_max">(x, minus_max{}); },
-              std::tuple{xe}, in, want);
-          // custom: y = 2 x computed on the tensors, its backward by hand, returned replicated
-          // (any layout: redistributed to x's gradient layout).
-          std::vector<double> twice;
-          for (double v : in[0]) twice.push_back(2 * v);
-          check_op<x_t>(
-              m,
-              [](const auto& x) {
-                using g_t = tensor<double, M, "btm">;
-                auto v = x.value();
-                for (auto& e : v.local()) e *= 2;
-                return ad::custom<"twice">(
-                    std::move(v),
-                    [](const auto& dy, const auto&, const auto&) {
-                      auto g = redistribute_to<replicated_layout(M::axis_count)>(dy);
-                      for (auto& e : g.local()) e *= 2;
-                      return g_t(std::move(g));
-                    },
-                    x);
-              },
-              std::tuple{xe}, in, twice);
-        });
+    on_every_layout<true>([&]<class L>() {
+      using x_t = tensor<double, M, "btm", L>;
+      const globals in{inputs(7)};
+      std::vector<double> want(in[0].size());
+      reference_rows(2, [&](const std::vector<std::size_t>& row) {
+        double mx = -1e300;
+        for (auto i : row) mx = std::max(mx, in[0][i]);
+        for (auto i : row) want[i] = in[0][i] - mx;
+      });
+      check_op<x_t>(
+          m, [](const auto& x) { return ad::rowwise<'m', "minus_max">(x, minus_max{}); },
+          std::tuple{xe}, in, want);
+      // custom: y = 2 x computed on the tensors, its backward by hand, returned replicated
+      // (any layout: redistributed to x's gradient layout).
+      std::vector<double> twice;
+      for (double v : in[0]) twice.push_back(2 * v);
+      check_op<x_t>(
+          m,
+          [](const auto& x) {
+            using g_t = tensor<double, M, "btm">;
+            auto v = x.value();
+            for (auto& e : v.local()) e *= 2;
+            return ad::custom<"twice">(
+                std::move(v),
+                [](const auto& dy, const auto&, const auto&) {
+                  auto g = redistribute_to<replicated_layout(M::axis_count)>(dy);
+                  for (auto& e : g.local()) e *= 2;
+                  return g_t(std::move(g));
+                },
+                x);
+          },
+          std::tuple{xe}, in, twice);
+    });
   });
 }
 

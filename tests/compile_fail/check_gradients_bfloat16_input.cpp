@@ -12,7 +12,7 @@ using x_t = zest::tensor<zest::bfloat16, mesh_t, "bm">;
 int main() {
   mesh_t m;
   const x_t x(m, {2, 3});
-  const auto r = zest::testing::check_gradients(
-      [](const auto& v) { return zest::autodiff::sum(v); }, x);
+  const auto r =
+      zest::testing::check_gradients([](const auto& v) { return zest::autodiff::sum(v); }, x);
   return r.ok() ? 0 : 1;
 }

@@ -300,8 +300,7 @@ auto where(const M& mask, const variable<X>& x, const variable<Y>& y) {
     return 0;
   } else if constexpr (M::dims != X::dims ||
                        !std::is_same_v<typename M::mesh_type, typename X::mesh_type> ||
-                       !std::is_arithmetic_v<typename M::value_type> ||
-                       M::layout.any_partial()) {
+                       !std::is_arithmetic_v<typename M::value_type> || M::layout.any_partial()) {
     (void)autodiff_error::mask_kind<M, X>{};
     return 0;
   } else {
@@ -325,13 +324,15 @@ auto where(const M& mask, const variable<X>& x, const variable<Y>& y) {
         const T* dz = std::as_const(*on->grad).local().data();
         const C* pc = mu.local().data();
         if (xn->requires_grad) {
-          dual_tensor<z_t> dx(on->value.mesh(), on->value.extents(), dual_tensor<z_t>::uninitialized);
+          dual_tensor<z_t> dx(on->value.mesh(), on->value.extents(),
+                              dual_tensor<z_t>::uninitialized);
           for_each_kernel<B>(dx.local_count(),
                              kernels::select<T, C>{pc, dz, nullptr, dx.local().data()});
           xn->accumulate(redistribute_to<dual(X::layout)>(std::move(dx)));
         }
         if (yn->requires_grad) {
-          dual_tensor<z_t> dy(on->value.mesh(), on->value.extents(), dual_tensor<z_t>::uninitialized);
+          dual_tensor<z_t> dy(on->value.mesh(), on->value.extents(),
+                              dual_tensor<z_t>::uninitialized);
           for_each_kernel<B>(dy.local_count(),
                              kernels::select<T, C>{pc, nullptr, dz, dy.local().data()});
           yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(dy)));

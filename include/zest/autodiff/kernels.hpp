@@ -404,11 +404,10 @@ struct unary_forward {
   T* y;
   Fn fn;
   ZEST_HOST_DEVICE void operator()(std::size_t i) const { y[i] = static_cast<T>(fn.value(x[i])); }
-  void host(std::size_t n) const
-    requires requires(const Fn& f, const T* a, T* b) { f.host_value(a, b, std::size_t{}); }
-  {
-    fn.host_value(x, y, n);
+  void host(std::size_t n) const requires requires(const Fn& f, const T* a, T* b) {
+    f.host_value(a, b, std::size_t{});
   }
+  { fn.host_value(x, y, n); }
 };
 template <class T, class Fn>
 struct unary_backward {
@@ -420,11 +419,10 @@ struct unary_backward {
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     dx[i] = dz[i] * static_cast<T>(fn.derivative(x[i], y[i]));
   }
-  void host(std::size_t n) const
-    requires requires(const Fn& f, const T* a, T* b) { f.host_backward(a, a, a, b, std::size_t{}); }
-  {
-    fn.host_backward(x, y, dz, dx, n);
+  void host(std::size_t n) const requires requires(const Fn& f, const T* a, T* b) {
+    f.host_backward(a, a, a, b, std::size_t{});
   }
+  { fn.host_backward(x, y, dz, dx, n); }
 };
 // Fn has value(a, b), derivative_first(a, b, z) and derivative_second(a, b, z).
 template <class T, class Fn>
@@ -494,9 +492,8 @@ struct gelu_fn {
     const auto xs = host_loops::as_array(x, n);
     auto t = host_loops::as_array(dx, n);
     t = (c * (xs + a * xs.cube())).tanh();  // dx holds tanh(u) for the second pass
-    t = host_loops::as_array(dz, n) *
-        (T(0.5) * (T(1) + t) +
-         T(0.5) * c * xs * (T(1) - t.square()) * (T(1) + T(3) * a * xs.square()));
+    t = host_loops::as_array(dz, n) * (T(0.5) * (T(1) + t) + T(0.5) * c * xs * (T(1) - t.square()) *
+                                                                 (T(1) + T(3) * a * xs.square()));
   }
 };
 

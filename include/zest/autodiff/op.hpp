@@ -145,11 +145,11 @@ auto unary(const variable<X>& x, Fn fn) {
       x.owner().record([xn = x.node(), on = out.node(), fn] {
         if (!on->grad) return;
         dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
-        for_each_kernel<B>(dx.local_count(), kernels::unary_backward<T, Fn>{
-                                                 std::as_const(xn->value).local().data(),
-                                                 std::as_const(on->value).local().data(),
-                                                 std::as_const(*on->grad).local().data(),
-                                                 dx.local().data(), fn});
+        for_each_kernel<B>(dx.local_count(),
+                           kernels::unary_backward<T, Fn>{std::as_const(xn->value).local().data(),
+                                                          std::as_const(on->value).local().data(),
+                                                          std::as_const(*on->grad).local().data(),
+                                                          dx.local().data(), fn});
         xn->accumulate(std::move(dx));
       });
     }
@@ -179,39 +179,39 @@ auto binary(const variable<X>& a, const variable<Y>& b, Fn fn) {
     const X& av = a.value();
     decltype(auto) bu = detail::at_layout<X::layout>(b.value());
     X z(av.mesh(), av.extents(), X::uninitialized);
-    for_each_kernel<B>(z.local_count(), kernels::binary_forward<T, Fn>{
-                                            av.local().data(), bu.local().data(), z.local().data(),
-                                            fn});
+    for_each_kernel<B>(
+        z.local_count(),
+        kernels::binary_forward<T, Fn>{av.local().data(), bu.local().data(), z.local().data(), fn});
     auto out = detail::make_result(a.owner(), std::move(z), a.requires_grad() || b.requires_grad());
     if (!out.requires_grad()) return out;
     auto b_used = detail::keep_if<moved>(std::move(bu));
-    a.owner().record([an = a.node(), bn = b.node(), on = out.node(), fn,
-                      b_used = std::move(b_used)] {
-      if (!on->grad) return;
-      const T* pb = [&] {
-        if constexpr (moved) {
-          return b_used.local().data();
-        } else {
-          (void)b_used;
-          return std::as_const(bn->value).local().data();
-        }
-      }();
-      const T* pa = std::as_const(an->value).local().data();
-      const T* pz = std::as_const(on->value).local().data();
-      const T* dz = std::as_const(*on->grad).local().data();
-      if (an->requires_grad) {
-        dual_tensor<X> da(an->value.mesh(), an->value.extents(), dual_tensor<X>::uninitialized);
-        for_each_kernel<B>(da.local_count(), kernels::binary_backward<T, Fn, false>{
-                                                 pa, pb, pz, dz, da.local().data(), fn});
-        an->accumulate(std::move(da));
-      }
-      if (bn->requires_grad) {
-        dual_tensor<X> db(an->value.mesh(), an->value.extents(), dual_tensor<X>::uninitialized);
-        for_each_kernel<B>(db.local_count(), kernels::binary_backward<T, Fn, true>{
-                                                 pa, pb, pz, dz, db.local().data(), fn});
-        bn->accumulate(redistribute_to<dual(Y::layout)>(std::move(db)));
-      }
-    });
+    a.owner().record(
+        [an = a.node(), bn = b.node(), on = out.node(), fn, b_used = std::move(b_used)] {
+          if (!on->grad) return;
+          const T* pb = [&] {
+            if constexpr (moved) {
+              return b_used.local().data();
+            } else {
+              (void)b_used;
+              return std::as_const(bn->value).local().data();
+            }
+          }();
+          const T* pa = std::as_const(an->value).local().data();
+          const T* pz = std::as_const(on->value).local().data();
+          const T* dz = std::as_const(*on->grad).local().data();
+          if (an->requires_grad) {
+            dual_tensor<X> da(an->value.mesh(), an->value.extents(), dual_tensor<X>::uninitialized);
+            for_each_kernel<B>(da.local_count(), kernels::binary_backward<T, Fn, false>{
+                                                     pa, pb, pz, dz, da.local().data(), fn});
+            an->accumulate(std::move(da));
+          }
+          if (bn->requires_grad) {
+            dual_tensor<X> db(an->value.mesh(), an->value.extents(), dual_tensor<X>::uninitialized);
+            for_each_kernel<B>(db.local_count(), kernels::binary_backward<T, Fn, true>{
+                                                     pa, pb, pz, dz, db.local().data(), fn});
+            bn->accumulate(redistribute_to<dual(Y::layout)>(std::move(db)));
+          }
+        });
     return out;
   }
 }
@@ -317,11 +317,11 @@ variable<X> rows_op(const variable<X>& x, Fn fn) {
     x.owner().record([xn = x.node(), on = out.node(), count = rows.count(), walk, fn] {
       if (!on->grad) return;
       dual_tensor<X> dx(on->value.mesh(), on->value.extents(), dual_tensor<X>::uninitialized);
-      for_each_kernel<B>(count, kernels::row_backward<T, Fn>{
-                                    std::as_const(xn->value).local().data(),
-                                    std::as_const(on->value).local().data(),
-                                    std::as_const(*on->grad).local().data(), dx.local().data(),
-                                    walk, fn});
+      for_each_kernel<B>(count,
+                         kernels::row_backward<T, Fn>{std::as_const(xn->value).local().data(),
+                                                      std::as_const(on->value).local().data(),
+                                                      std::as_const(*on->grad).local().data(),
+                                                      dx.local().data(), walk, fn});
       xn->accumulate(std::move(dx));
     });
   }

@@ -124,9 +124,9 @@ variable<X> broadcast_apply(const variable<X>& x, const variable<Y>& y) {
   const kernels::broadcast_map map =
       broadcast_map_of(walk_of(view_of<X::dims>, view_of<Y::dims>, xv.local_extents()));
   X z(xv.mesh(), xv.extents(), X::uninitialized);
-  for_each_kernel<B>(z.local_count(), kernels::broadcast_combine<T, Multiply>{
-                                          xv.local().data(), yu.local().data(), z.local().data(),
-                                          map});
+  for_each_kernel<B>(z.local_count(),
+                     kernels::broadcast_combine<T, Multiply>{xv.local().data(), yu.local().data(),
+                                                             z.local().data(), map});
   auto out = make_result(x.owner(), std::move(z), x.requires_grad() || y.requires_grad());
   if (!out.requires_grad()) return out;
   // y as used, for the product's gradient of x: y's own node unless it was moved.
@@ -197,11 +197,10 @@ void apply_dropout(const In& in, Out& out, const dropout_mask& mask,
                    typename In::value_type scale) {
   using T = typename In::value_type;
   for_each_kernel<typename In::backend_type>(
-      out.local_count(),
-      kernels::dropout_apply<T>{
-          in.local().data(), out.local().data(),
-          global_index_of(in.extents(), in.local_extents(), in.local_offsets()), mask.key,
-          mask.threshold, scale});
+      out.local_count(), kernels::dropout_apply<T>{
+                             in.local().data(), out.local().data(),
+                             global_index_of(in.extents(), in.local_extents(), in.local_offsets()),
+                             mask.key, mask.threshold, scale});
 }
 
 // A normalisation along D of x with a 1-D parameter G along D.
@@ -342,17 +341,17 @@ auto causal_mask(const variable<X>& x) {
     const kernels::row_walk walk = detail::row_walk_of(causal.rows);
     const kernels::causal_window window = detail::causal_window_of(causal);
     const std::size_t count = causal.rows.count();
-    for_each_kernel<B>(count, kernels::causal_mask_rows<T>{xv.local().data(), y.local().data(),
-                                                           walk, window,
-                                                           detail::minus_infinity<T>});
+    for_each_kernel<B>(
+        count, kernels::causal_mask_rows<T>{xv.local().data(), y.local().data(), walk, window,
+                                            detail::minus_infinity<T>});
     auto out = detail::make_result(x.owner(), std::move(y), x.requires_grad());
     if (out.requires_grad()) {
       x.owner().record([xn = x.node(), on = out.node(), count, walk, window] {
         if (!on->grad) return;
         dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
-        for_each_kernel<B>(count, kernels::causal_mask_rows<T>{
-                                      std::as_const(*on->grad).local().data(), dx.local().data(),
-                                      walk, window, T(0)});
+        for_each_kernel<B>(count,
+                           kernels::causal_mask_rows<T>{std::as_const(*on->grad).local().data(),
+                                                        dx.local().data(), walk, window, T(0)});
         xn->accumulate(std::move(dx));
       });
     }
@@ -407,10 +406,10 @@ auto layer_norm(const variable<X>& x, const variable<G>& gamma, const variable<G
     const kernels::row_walk walk = detail::row_walk_of(rows);
     typename B::template buffer<T> row_mean(rows.count()), row_rstd(rows.count());
     X y(xv.mesh(), xv.extents(), X::uninitialized);
-    for_each_kernel<B>(rows.count(), kernels::layer_norm_rows<T>{
-                                         xv.local().data(), gv.local().data(), bv.local().data(),
-                                         y.local().data(), row_mean.data(), row_rstd.data(), walk,
-                                         static_cast<T>(eps)});
+    for_each_kernel<B>(
+        rows.count(), kernels::layer_norm_rows<T>{
+                          xv.local().data(), gv.local().data(), bv.local().data(), y.local().data(),
+                          row_mean.data(), row_rstd.data(), walk, static_cast<T>(eps)});
     const bool params = gamma.requires_grad() || beta.requires_grad();
     auto out = detail::make_result(x.owner(), std::move(y), x.requires_grad() || params);
     if (!out.requires_grad()) return out;
@@ -436,15 +435,15 @@ auto layer_norm(const variable<X>& x, const variable<G>& gamma, const variable<G
         const std::size_t chunks = std::max<std::size_t>(1, (count + chunk - 1) / chunk);
         if (chunks == 1) {
           for_each_kernel<B>(n, kernels::layer_norm_parameter_grads<T>{
-                                    px, dz, row_mean.data(), row_rstd.data(),
-                                    dgamma.local().data(), dbeta.local().data(), walk, count, n,
-                                    chunk});
+                                    px, dz, row_mean.data(), row_rstd.data(), dgamma.local().data(),
+                                    dbeta.local().data(), walk, count, n, chunk});
         } else {
           typename B::template buffer<T> pg(chunks * n), pb(chunks * n);
           for_each_kernel<B>(chunks * n, kernels::layer_norm_parameter_grads<T>{
                                              px, dz, row_mean.data(), row_rstd.data(), pg.data(),
                                              pb.data(), walk, count, n, chunk});
-          for_each_kernel<B>(n, kernels::add_chunks<T>{pg.data(), dgamma.local().data(), n, chunks});
+          for_each_kernel<B>(n,
+                             kernels::add_chunks<T>{pg.data(), dgamma.local().data(), n, chunks});
           for_each_kernel<B>(n, kernels::add_chunks<T>{pb.data(), dbeta.local().data(), n, chunks});
         }
         if (gn->requires_grad) gn->accumulate(redistribute_to<dual(G::layout)>(std::move(dgamma)));
@@ -507,9 +506,9 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
       if (id < 0 || static_cast<std::size_t>(id) >= rows)
         detail::bad_index<"embedding">(ids, p, id, rows, "id");
     }
-    for_each_kernel<B>(y.local_count(), kernels::embedding_gather<T>{
-                                            tv.local().data(), ids.local().data(), y.local().data(),
-                                            width});
+    for_each_kernel<B>(y.local_count(),
+                       kernels::embedding_gather<T>{tv.local().data(), ids.local().data(),
+                                                    y.local().data(), width});
     auto out = detail::make_result(table.owner(), std::move(y), table.requires_grad());
     if (out.requires_grad()) {
       // For the gradient: the positions of each table row, in order (a stable counting sort
@@ -529,10 +528,10 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
       table.owner().record([tn = table.node(), on = out.node(), lists, width] {
         if (!on->grad) return;
         grad_at_t g(tn->value.mesh(), tn->value.extents(), grad_at_t::uninitialized);
-        for_each_kernel<B>(g.local_count(), kernels::embedding_scatter<T>{
-                                                std::as_const(*on->grad).local().data(),
-                                                lists->first.data(), lists->order.data(),
-                                                g.local().data(), width});
+        for_each_kernel<B>(g.local_count(),
+                           kernels::embedding_scatter<T>{std::as_const(*on->grad).local().data(),
+                                                         lists->first.data(), lists->order.data(),
+                                                         g.local().data(), width});
         tn->accumulate(redistribute_to<dual(Table::layout)>(std::move(g)));
       });
     }
@@ -609,16 +608,16 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
         detail::scalar_of<s_t>(lv.mesh(), static_cast<T>(total / static_cast<double>(count))),
         logits.requires_grad());
     if (out.requires_grad()) {
-      logits.owner().record([ln = logits.node(), on = out.node(), walk, count,
-                             lse = std::move(lse), picked = tv.storage()] {
+      logits.owner().record([ln = logits.node(), on = out.node(), walk, count, lse = std::move(lse),
+                             picked = tv.storage()] {
         if (!on->grad) return;
         const T scale = static_cast<T>(static_cast<double>(detail::scalar_value(*on->grad)) /
                                        static_cast<double>(count));
         dual_tensor<L> dx(ln->value.mesh(), ln->value.extents(), dual_tensor<L>::uninitialized);
-        for_each_kernel<B>(dx.local_count(), kernels::cross_entropy_backward<T>{
-                                                 std::as_const(ln->value).local().data(),
-                                                 lse.data(), picked.data(), dx.local().data(),
-                                                 walk, scale});
+        for_each_kernel<B>(
+            dx.local_count(),
+            kernels::cross_entropy_backward<T>{std::as_const(ln->value).local().data(), lse.data(),
+                                               picked.data(), dx.local().data(), walk, scale});
         ln->accumulate(std::move(dx));
       });
     }
@@ -648,9 +647,8 @@ auto reduce_sum(const variable<X>& x) {
     typename out_t::extents_type extents{};
     for (std::size_t k = 0; k < out_t::rank; ++k) extents[k] = xv.extent(OutDims[k]);
     out_t y(xv.mesh(), extents, out_t::uninitialized);
-    const kernels::broadcast_map map =
-        detail::broadcast_map_of(detail::walk_of(view_of<X::dims>, view_of<OutDims>,
-                                                 xv.local_extents()));
+    const kernels::broadcast_map map = detail::broadcast_map_of(
+        detail::walk_of(view_of<X::dims>, view_of<OutDims>, xv.local_extents()));
     detail::run_broadcast_sum<B>(xv.local().data(), static_cast<const T*>(nullptr),
                                  y.local().data(), y.local_count(), map);
     auto out = detail::make_result(x.owner(), std::move(y), x.requires_grad());
@@ -684,7 +682,8 @@ auto mean(const variable<X>& x) {
     const double total = sum_kernel<B>(local.size(), kernels::element<T>{local.data()});
     auto out = detail::make_result(
         x.owner(),
-        detail::scalar_of<s_t>(x.value().mesh(), static_cast<T>(total / static_cast<double>(count))),
+        detail::scalar_of<s_t>(x.value().mesh(),
+                               static_cast<T>(total / static_cast<double>(count))),
         x.requires_grad());
     if (out.requires_grad()) {
       x.owner().record([xn = x.node(), on = out.node(), count] {

@@ -471,8 +471,8 @@ auto sum(const variable<X>& x) {
   using s_t = basic_tensor<T, typename X::mesh_type, detail::no_dims, scalar_layout>;
   // Accumulated in double on every backend.
   const auto p = x.value().local();
-  const T total = static_cast<T>(
-      sum_kernel<typename X::backend_type>(p.size(), kernels::element<T>{p.data()}));
+  const T total =
+      static_cast<T>(sum_kernel<typename X::backend_type>(p.size(), kernels::element<T>{p.data()}));
   auto out = detail::make_result(x.owner(), detail::scalar_of<s_t>(x.value().mesh(), total),
                                  x.requires_grad());
   if (out.requires_grad()) {

@@ -190,13 +190,11 @@ class mpi_communicator {
 
   // data = root's data on every rank.
   template <class T>
-  void broadcast(std::span<T> data, int root,
-                 source_site where = source_site::current()) {
+  void broadcast(std::span<T> data, int root, source_site where = source_site::current()) {
     core_->run(at(prepare_broadcast(data, root), where));
   }
   template <class T>
-  request ibroadcast(std::span<T> data, int root,
-                     source_site where = source_site::current()) {
+  request ibroadcast(std::span<T> data, int root, source_site where = source_site::current()) {
     return detail::mpi_core::start(core_, at(prepare_broadcast(data, root), where));
   }
 

@@ -18,9 +18,9 @@ namespace detail {
 class builtin_source_site {
  public:
   constexpr builtin_source_site() noexcept = default;
-  static constexpr builtin_source_site current(const char* file = __builtin_FILE(),
-                                       unsigned line = __builtin_LINE(),
-                                       const char* function = __builtin_FUNCTION()) noexcept {
+  static constexpr builtin_source_site current(
+      const char* file = __builtin_FILE(), unsigned line = __builtin_LINE(),
+      const char* function = __builtin_FUNCTION()) noexcept {
     builtin_source_site site;
     site.file_ = file;
     site.line_ = line;

@@ -13,7 +13,10 @@ int main() {
   zest::autodiff::tape t;
   auto x = t.parameter(x_t(m, {2, 3}));
   auto y = zest::autodiff::custom<"wrong">(
-      x_t(m, {2, 3}), [&](const auto&, const auto&, const auto&) { return wrong_t(m, {3, 2}); },
+      x_t(m, {2, 3}),
+      [&](const auto&, const auto&, const auto&) {
+        return wrong_t(m, {3, 2});
+      },
       x);
   zest::autodiff::backward(zest::autodiff::sum(y));
 }
