@@ -112,43 +112,39 @@ inline int current_device() {
 
 // ---- host waits ------------------------------------------------------------------------
 
-// Blocks until the work queued so far on s is done. See the top of this file: with an NCCL
-// communicator alive, a collective past the watchdog throws collective_timeout from here.
-inline void wait_for(cudaStream_t s) {
-  const auto block = [s] { ZEST_CUDA_CHECK(cudaStreamSynchronize(s)); };
-  const detail::wait_hook hook = detail::host_wait_hook();
+namespace detail {
+// The body of both waits below: `block` when no communicator watches, otherwise `query`
+// (cudaStreamQuery or cudaEventQuery, named `what` in errors) polled under the hook.
+template <class Query, class Block>
+void wait_with(Query query, const char* what, Block block) {
+  const wait_hook hook = host_wait_hook();
   if (hook == nullptr) {
     block();
     return;
   }
-  detail::poll_under_hook(
+  poll_under_hook(
       hook,
-      [s] {
-        const cudaError_t code = cudaStreamQuery(s);
+      [query, what] {
+        const cudaError_t code = query();
         if (code == cudaErrorNotReady) return false;
-        check(code, "cudaStreamQuery");
+        check(code, what);
         return true;
       },
       block);
 }
+}  // namespace detail
+
+// Blocks until the work queued so far on s is done. See the top of this file: with an NCCL
+// communicator alive, a collective past the watchdog throws collective_timeout from here.
+inline void wait_for(cudaStream_t s) {
+  detail::wait_with([s] { return cudaStreamQuery(s); }, "cudaStreamQuery",
+                    [s] { ZEST_CUDA_CHECK(cudaStreamSynchronize(s)); });
+}
 
 // Blocks until e's recorded work is done, under the same rule.
 inline void wait_for(cudaEvent_t e) {
-  const auto block = [e] { ZEST_CUDA_CHECK(cudaEventSynchronize(e)); };
-  const detail::wait_hook hook = detail::host_wait_hook();
-  if (hook == nullptr) {
-    block();
-    return;
-  }
-  detail::poll_under_hook(
-      hook,
-      [e] {
-        const cudaError_t code = cudaEventQuery(e);
-        if (code == cudaErrorNotReady) return false;
-        check(code, "cudaEventQuery");
-        return true;
-      },
-      block);
+  detail::wait_with([e] { return cudaEventQuery(e); }, "cudaEventQuery",
+                    [e] { ZEST_CUDA_CHECK(cudaEventSynchronize(e)); });
 }
 
 // Blocks until the device is idle (every stream). With a communicator alive: the compute

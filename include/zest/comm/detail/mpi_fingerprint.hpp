@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "zest/comm/detail/mpi_call.hpp"
+#include "zest/comm/detail/rank_list.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/source_site.hpp"
 
@@ -61,19 +62,6 @@ inline std::string site_of(const source_site& where) {
     }
   }
   return message(file, ':', where.line());
-}
-
-// Ranks as runs: "0-3", "1,3", "0,2-5".
-inline std::string rank_list(std::span<const int> ranks) {
-  std::ostringstream out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t end = i + 1;
-    while (end < ranks.size() && ranks[end] == ranks[end - 1] + 1) ++end;
-    out << (i == 0 ? "" : ",") << ranks[i];
-    if (end - i > 1) out << '-' << ranks[end - 1];
-    i = end;
-  }
-  return out.str();
 }
 
 // "rank 0: <text 0>; ranks 1-3: <text 1>": each rank's text, runs of equal texts merged

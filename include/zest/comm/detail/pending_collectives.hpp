@@ -32,6 +32,8 @@
 #include <string_view>
 #include <utility>
 
+#include "zest/comm/detail/rank_list.hpp"
+
 namespace zest::detail {
 
 // What a timeout message names: "all_reduce<float>[1024] #3".
@@ -106,19 +108,6 @@ class pending_collectives {
   std::deque<entry> entries_;
 };
 
-// "0-3", "1,3": ranks as runs (the form of mpi_communicator's messages).
-inline std::string pending_rank_list(std::span<const int> ranks) {
-  std::ostringstream out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t end = i + 1;
-    while (end < ranks.size() && ranks[end] == ranks[end - 1] + 1) ++end;
-    out << (i == 0 ? "" : ",") << ranks[i];
-    if (end - i > 1) out << '-' << ranks[end - 1];
-    i = end;
-  }
-  return out.str();
-}
-
 // What a device collective past the watchdog throws (collective_timeout's message):
 //
 //   zest: collective timeout on axis 'dp': all_reduce<float>[1024] #3 on rank 0 of 2 not
@@ -146,7 +135,7 @@ std::string pending_timeout_message(std::string_view axis, const Entry& late,
            "some rank skipped this call, called another collective, is still busy before "
            "it, or stopped; ZEST_CHECKED=1 compares them and names what each rank called)";
   }
-  out << "; the axis spans world ranks " << pending_rank_list(world_ranks)
+  out << "; the axis spans world ranks " << rank_list(world_ranks)
       << "; NCCL was aborted, the communicator refuses further calls. ZEST_WATCHDOG_MS sets "
          "the deadline (now "
       << watchdog.count() << " ms; 0: none)";
