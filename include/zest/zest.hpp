@@ -62,6 +62,7 @@
 #include "zest/autodiff/einsum_grad.hpp"
 #include "zest/autodiff/kernels.hpp"
 #include "zest/autodiff/ops.hpp"
+#include "zest/autodiff/relabel.hpp"
 #include "zest/autodiff/shape_ops.hpp"
 #include "zest/autodiff/tape.hpp"
 

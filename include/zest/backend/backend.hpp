@@ -43,12 +43,55 @@
 #include <span>
 #include <string_view>
 
+#include "zest/backend/contraction_plan.hpp"
+#include "zest/core/memory.hpp"
+
 namespace zest {
 
+namespace detail {
+// Stand-ins for the function objects for_each and sum take, used only in the concept below.
+struct backend_probe_loop {
+  void operator()(std::size_t) const {}
+};
+struct backend_probe_sum {
+  float operator()(std::size_t) const { return 0; }
+};
+template <class B>
+concept backend_loop_flag = !requires {
+  B::runs_host_loops;
+}
+|| requires {
+  { B::runs_host_loops } -> std::convertible_to<bool>;
+};
+}  // namespace detail
+
+// The members listed at the top of this file, each with the signature its uses need (checked
+// for float; the members are templates over the element type). A backend that lacks one, or
+// has it with another signature, fails here, where the type is declared, rather than deep in
+// an einsum or an optimizer step.
 template <class B>
 concept backend = requires {
-  B::name;
+  { B::name } -> std::convertible_to<std::string_view>;
   typename B::template buffer<float>;
+}
+&&std::constructible_from<typename B::template buffer<float>, std::size_t>&&
+    std::movable<typename B::template buffer<float>>&& detail::backend_loop_flag<B>&& requires(
+        typename B::template buffer<float>& buf, const typename B::template buffer<float>& cbuf,
+        float* p, const float* cp, std::size_t n, std::span<const float> values,
+        std::span<const contraction::operand_view<float>> operands, std::string_view labels,
+        std::span<const std::size_t> extents) {
+  { buf.data() } -> std::convertible_to<float*>;
+  { cbuf.data() } -> std::convertible_to<const float*>;
+  { cbuf.size() } -> std::convertible_to<std::size_t>;
+  B::copy_slices(cp, n, n, n, p, n, n, n, n);
+  B::fill(p, n, 1.0F);
+  B::contract(operands, labels, p, extents);
+  B::for_each(n, detail::backend_probe_loop{});
+  { B::sum(n, detail::backend_probe_sum{}) } -> std::convertible_to<double>;
+  { B::counters() } -> std::same_as<memory::counters&>;
+  B::synchronize();
+  { B::template from_host<float>(values) } -> std::same_as<typename B::template buffer<float>>;
+  B::to_host(values, p);
 };
 
 struct host_backend;

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "zest/autodiff/ops.hpp"
+#include "zest/autodiff/relabel.hpp"
 #include "zest/nn/linear.hpp"
-#include "zest/tensor/relabel.hpp"
 #include "zest/zero/parameter.hpp"
 
 namespace zest {

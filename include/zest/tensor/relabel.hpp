@@ -5,15 +5,14 @@
 // Letters name dims positionally: the i-th letter of the new dims names the i-th dim. The
 // storage moves (or is copied from an lvalue) unchanged, and the layout follows the dims:
 // a split of 't' becomes a split of 's'. Einsum specs name operand dims in stored order,
-// so attention's scores "btnd,bsnd->bnts" need the keys relabelled first.
+// so attention's scores "btnd,bsnd->bnts" need the keys relabelled first. The same on a
+// tape's variables is autodiff::relabel (zest/autodiff/relabel.hpp).
 #pragma once
 
 #include <cstddef>
 #include <type_traits>
 #include <utility>
 
-#include "zest/autodiff/dual.hpp"
-#include "zest/autodiff/tape.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -48,19 +47,5 @@ auto relabel(X&& x) {
     return y_t(x.mesh(), x.extents(), typename y_t::storage_type(x.storage()));
   }
 }
-
-namespace autodiff {
-// The same on a variable: its gradient is relabelled back.
-template <fixed_string NewDims, sharded_tensor X>
-auto relabel(const variable<X>& x) {
-  auto out = detail::make_result(x.owner(), zest::relabel<NewDims>(x.value()), x.requires_grad());
-  if (out.requires_grad()) {
-    x.owner().record([xn = x.node(), on = out.node()] {
-      if (on->grad) xn->accumulate(zest::relabel<X::dims>(std::move(*on->grad)));
-    });
-  }
-  return out;
-}
-}  // namespace autodiff
 
 }  // namespace zest

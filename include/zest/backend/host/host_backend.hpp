@@ -68,4 +68,6 @@ struct host_backend {
   }
 };
 
+static_assert(backend<host_backend>);
+
 }  // namespace zest
