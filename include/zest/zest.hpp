@@ -63,6 +63,7 @@
 #include "zest/autodiff/kernels.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/relabel.hpp"
+#include "zest/autodiff/rope.hpp"
 #include "zest/autodiff/shape_ops.hpp"
 #include "zest/autodiff/tape.hpp"
 
