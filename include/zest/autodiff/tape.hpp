@@ -44,8 +44,8 @@ class tape;
 
 namespace detail {
 
-// Whether X's shards live on the host backend (no autodiff operation branches on it; MoE's
-// routing still does).
+// Whether X's shards live on the host backend (no operation branches on it: only the element
+// type check below reads it).
 template <class X>
 inline constexpr bool on_host = std::is_same_v<typename X::backend_type, host_backend>;
 

@@ -34,11 +34,12 @@
 // The capacity makes every shape static: a rank whose experts receive no token still sends
 // and receives its (zero) blocks, so no collective depends on the routing.
 //
-// Backends: the host backend loops over a host list of routes; every other backend (emulated,
-// CUDA) runs function objects on the device, one call per output element, the same sums in
-// the same order, no atomics (a slot row finds its tokens through per-slot lists built by one
-// call per group and expert). The index check is one device sum; nothing else comes to the
-// host.
+// Backends: dispatch_by_index and combine_by_index are each one definition whose loops are
+// function objects (zest/moe/detail/index_kernels.hpp) that every backend runs through
+// zest::for_each_kernel: one call per output element, the same sums in the same order, no
+// atomics (a slot row finds its tokens through per-slot lists built per group); the host
+// runs their host members, a row at a time. The index check is one sum where the indices
+// live; nothing else comes to the host.
 #pragma once
 
 #include <array>
@@ -53,11 +54,13 @@
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
+#include "zest/backend/backend.hpp"
 #include "zest/config.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
+#include "zest/moe/detail/index_kernels.hpp"
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/tensor.hpp"
 
@@ -173,12 +176,6 @@ constexpr bool check_indices() {
   }
 }
 
-// One routed token: row `token` of the local "gsm" shard goes to row `slot` of the local
-// "egcm" shard with routing entry `choice` of the local "gsk" shard.
-struct routed_row {
-  std::size_t token = 0, slot = 0, choice = 0;
-};
-
 // The error of a kept route outside the experts or the capacity.
 template <fixed_string Op>
 shape_error route_error(std::size_t group, std::size_t token, std::size_t choice, std::int32_t e,
@@ -187,38 +184,6 @@ shape_error route_error(std::size_t group, std::size_t token, std::size_t choice
                                            ", s=", token, ") choice ", choice, " goes to expert ",
                                            e, ", slot ", c, ", outside ", experts,
                                            " experts of capacity ", capacity));
-}
-
-// The kept routes of the local shards. Indices are checked: an expert outside [0, E) or a
-// slot at or above C throws zest::shape_error (slot -1 means dropped).
-template <fixed_string Op, sharded_tensor I>
-std::vector<routed_row> local_routes(const I& expert_index, const I& slot_index,
-                                     std::size_t experts, std::size_t capacity) {
-  const auto& le = expert_index.local_extents();  // [G_l][S][K]
-  const std::size_t groups = le[0], tokens = le[1], k = le[2];
-  const auto ei = expert_index.local();
-  const auto si = slot_index.local();
-  std::vector<routed_row> out;
-  out.reserve(ei.size());
-  for (std::size_t g = 0; g < groups; ++g) {
-    for (std::size_t s = 0; s < tokens; ++s) {
-      for (std::size_t j = 0; j < k; ++j) {
-        const std::size_t at = (g * tokens + s) * k + j;
-        const std::int32_t c = si[at];
-        if (c < 0) continue;
-        const std::int32_t e = ei[at];
-        if (e < 0 || static_cast<std::size_t>(e) >= experts ||
-            static_cast<std::size_t>(c) >= capacity) {
-          throw route_error<Op>(expert_index.local_offsets()[0] + g, s, j, e, c, experts, capacity);
-        }
-        out.push_back(
-            {g * tokens + s,
-             (static_cast<std::size_t>(e) * groups + g) * capacity + static_cast<std::size_t>(c),
-             at});
-      }
-    }
-  }
-  return out;
 }
 
 template <fixed_string Op, class A, class B>
@@ -292,251 +257,19 @@ auto to_token_layout(const autodiff::variable<Y>& y) {
 
 namespace detail {
 
-// dispatch_by_index on the host backend: loops over the routes.
-template <class Out, sharded_tensor X, sharded_tensor I>
-auto dispatch_on_host(const autodiff::variable<X>& x, const I& ei, const I& si, std::size_t experts,
-                      std::size_t capacity) {
-  using T = typename X::value_type;
-  using out_t = Out;
-  const X& xv = x.value();
-  std::vector<detail::routed_row> routes =
-      local_routes<"dispatch_by_index">(ei, si, experts, capacity);
-  const std::size_t width = xv.local_extents()[2];
-  out_t y(xv.mesh(), {experts, xv.extents()[0], capacity, xv.extents()[2]});
-  {
-    const T* px = xv.local().data();
-    T* py = y.local().data();
-    for (const auto& r : routes) {
-      const T* from = px + r.token * width;
-      T* to = py + r.slot * width;
-      for (std::size_t j = 0; j < width; ++j) to[j] += from[j];
-    }
-  }
-  auto out = autodiff::detail::make_result(x.owner(), std::move(y), x.requires_grad());
-  if (out.requires_grad()) {
-    x.owner().record([xn = x.node(), on = out.node(), routes = std::move(routes), width] {
-      if (!on->grad) return;
-      autodiff::dual_tensor<X> dx(xn->value.mesh(), xn->value.extents());
-      const T* dy = std::as_const(*on->grad).local().data();
-      T* pdx = dx.local().data();
-      for (const auto& r : routes) {
-        const T* from = dy + r.slot * width;
-        T* to = pdx + r.token * width;
-        for (std::size_t j = 0; j < width; ++j) to[j] += from[j];
-      }
-      xn->accumulate(std::move(dx));
-    });
-  }
-  return out;
-}
-
-// combine_by_index on the host backend: loops over the routes.
-template <class Out, class WGrad, bool moved, sharded_tensor Y, sharded_tensor W, sharded_tensor I,
-          class WU>
-auto combine_on_host(const autodiff::variable<Y>& y, const autodiff::variable<W>& weight,
-                     const I& ei, const I& si, WU&& wu) {
-  using T = typename Y::value_type;
-  using out_t = Out;
-  using w_grad_t = WGrad;
-  const Y& yv = y.value();
-  std::vector<detail::routed_row> routes =
-      local_routes<"combine_by_index">(ei, si, yv.extents()[0], yv.extents()[2]);
-  const std::size_t width = yv.local_extents()[3];
-  out_t z(yv.mesh(), {yv.extents()[1], ei.extents()[1], yv.extents()[3]});
-  {
-    const T* py = yv.local().data();
-    const T* pw = wu.local().data();
-    T* pz = z.local().data();
-    for (const auto& r : routes) {
-      const T w = pw[r.choice];
-      const T* from = py + r.slot * width;
-      T* to = pz + r.token * width;
-      for (std::size_t j = 0; j < width; ++j) to[j] += w * from[j];
-    }
-  }
-  auto out = autodiff::detail::make_result(y.owner(), std::move(z),
-                                           y.requires_grad() || weight.requires_grad());
-  if (!out.requires_grad()) return out;
-  // The weight as used, for y's gradient: the weight's own node unless it was moved.
-  auto w_used = autodiff::detail::keep_if<moved>(std::move(wu));
-  y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(), routes = std::move(routes),
-                    width, w_used = std::move(w_used)] {
-    (void)w_used;  // used in one branch of an if constexpr only
-    if (!on->grad) return;
-    const T* dz = std::as_const(*on->grad).local().data();
-    if (yn->requires_grad) {
-      autodiff::dual_tensor<Y> dy(yn->value.mesh(), yn->value.extents());
-      const T* pw = [&] {
-        if constexpr (moved) {
-          return w_used.local().data();
-        } else {
-          return std::as_const(wn->value).local().data();
-        }
-      }();
-      T* pdy = dy.local().data();
-      for (const auto& r : routes) {
-        const T w = pw[r.choice];
-        const T* from = dz + r.token * width;
-        T* to = pdy + r.slot * width;
-        for (std::size_t j = 0; j < width; ++j) to[j] += w * from[j];
-      }
-      yn->accumulate(std::move(dy));
-    }
-    if (wn->requires_grad) {
-      w_grad_t dw(wn->value.mesh(), wn->value.extents());
-      const T* py = std::as_const(yn->value).local().data();
-      T* pdw = dw.local().data();
-      for (const auto& r : routes) {
-        const T* a = dz + r.token * width;
-        const T* b = py + r.slot * width;
-        T sum{};
-        for (std::size_t j = 0; j < width; ++j) sum += a[j] * b[j];
-        pdw[r.choice] += sum;
-      }
-      wn->accumulate(zest::redistribute_to<autodiff::dual(W::layout)>(std::move(dw)));
-    }
-  });
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------
-// The index path on every backend but the host: function objects for Backend::for_each, one
-// call per output element, each summing its inputs in the host's order (no atomics). A slot
-// row is filled by the assignments routed to it, listed by link_routes (one call per group
-// and expert, scanning the group's assignments); a token row by its k choices.
-
-// 1 for a kept route outside [0, E) x [0, C).
-struct bad_route {
-  const std::int32_t* expert;
-  const std::int32_t* slot;
-  std::size_t experts, capacity;
-  ZEST_HOST_DEVICE double operator()(std::size_t a) const {
-    const std::int32_t c = slot[a];
-    if (c < 0) return 0.0;
-    const std::int32_t e = expert[a];
-    return e < 0 || static_cast<std::size_t>(e) >= experts ||
-                   static_cast<std::size_t>(c) >= capacity
-               ? 1.0
-               : 0.0;
-  }
-};
-
-// Call i = g * E + e: the lists of expert e's slot rows in group g, row (e, g, c) = (e * G_l +
-// g) * C + c: head[row] is its first assignment a = t * k + j, next[a] the one after a (-1:
-// none), in assignment order (built backwards).
-struct link_routes {
-  const std::int32_t* expert;
-  const std::int32_t* slot;
-  std::int64_t* head;                                // [E][G_l][C]
-  std::int64_t* next;                                // [n][k]
-  std::size_t groups, per_group, experts, capacity;  // per_group = S * k
-  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
-    const std::size_t g = i / experts, e = i % experts;
-    std::int64_t* h = head + (e * groups + g) * capacity;
-    for (std::size_t c = 0; c < capacity; ++c) h[c] = -1;
-    for (std::size_t a = (g + 1) * per_group; a-- > g * per_group;) {
-      const std::int32_t c = slot[a];
-      if (c < 0 || expert[a] != static_cast<std::int32_t>(e)) continue;
-      next[a] = h[c];
-      h[c] = static_cast<std::int64_t>(a);
-    }
-  }
-};
-
-// Element (row, j) of a slot-side tensor [E][G_l][C][width]: the sum over the assignments a
-// listed at row of scale(a) * x[t(a), j], scale = weight[a] (or 1 without weight).
-// dispatch_by_index's forward; combine_by_index's gradient of y.
-template <class T>
-struct gather_slots {
-  const T* x;       // [n][width]
-  const T* weight;  // [n][k], or null
-  const std::int64_t* head;
-  const std::int64_t* next;
-  T* y;
-  std::size_t width, k;
-  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
-    const std::size_t row = i / width, j = i % width;
-    T sum{};
-    for (std::int64_t a = head[row]; a >= 0; a = next[a]) {
-      const T v = x[(static_cast<std::size_t>(a) / k) * width + j];
-      sum += weight != nullptr ? weight[a] * v : v;
-    }
-    y[i] = sum;
-  }
-};
-
-// Element (t, j) of a token-side tensor [n][width]: the sum over token t's kept choices of
-// scale * y[row, j]. dispatch_by_index's gradient of x; combine_by_index's forward.
-template <class T>
-struct gather_tokens {
-  const T* y;       // [E][G_l][C][width]
-  const T* weight;  // [n][k], or null
-  const std::int32_t* expert;
-  const std::int32_t* slot;
-  T* x;
-  std::size_t width, k, tokens, groups, capacity;
-  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
-    const std::size_t t = i / width, j = i % width, g = t / tokens;
-    T sum{};
-    for (std::size_t a = t * k; a < (t + 1) * k; ++a) {
-      const std::int32_t c = slot[a];
-      if (c < 0) continue;
-      const std::size_t row = (static_cast<std::size_t>(expert[a]) * groups + g) * capacity +
-                              static_cast<std::size_t>(c);
-      const T v = y[row * width + j];
-      sum += weight != nullptr ? weight[a] * v : v;
-    }
-    x[i] = sum;
-  }
-};
-
-// Assignment a: dz[t(a)] . y[row(a)], 0 when dropped (combine_by_index's gradient of weight).
-template <class T>
-struct route_dot {
-  const T* dz;
-  const T* y;
-  const std::int32_t* expert;
-  const std::int32_t* slot;
-  T* dw;
-  std::size_t width, k, tokens, groups, capacity;
-  ZEST_HOST_DEVICE void operator()(std::size_t a) const {
-    const std::int32_t c = slot[a];
-    if (c < 0) {
-      dw[a] = T(0);
-      return;
-    }
-    const std::size_t t = a / k, g = t / tokens;
-    const std::size_t row =
-        (static_cast<std::size_t>(expert[a]) * groups + g) * capacity + static_cast<std::size_t>(c);
-    const T* p = dz + t * width;
-    const T* q = y + row * width;
-    T sum{};
-    for (std::size_t j = 0; j < width; ++j) sum += p[j] * q[j];
-    dw[a] = sum;
-  }
-};
-
-// The routes of the local "gsk" shards in the backend's memory: the indices (copied, for the
-// backward steps) and, if asked, the lists of the slot rows.
-template <class B>
-struct device_routes {
-  typename B::template buffer<std::int32_t> expert, slot;  // [n][k]
-  typename B::template buffer<std::int64_t> head;          // [E][G_l][C]
-  typename B::template buffer<std::int64_t> next;          // [n][k]
-  std::size_t groups = 0, tokens = 0, k = 0, experts = 0, capacity = 0;
-};
-
-// As local_routes: indices outside [0, E) x [0, C) throw zest::shape_error (one sum on the
-// device; the message, on the error path only, from host copies).
+// The routes of the local "gsk" shards: the indices copied (for the backward steps) and, if
+// asked, the lists of the slot rows. Indices outside [0, E) x [0, C) throw zest::shape_error
+// (slot -1 means dropped): one sum where the indices live; the message, on the error path
+// only, from host copies.
 template <fixed_string Op, sharded_tensor I>
-std::shared_ptr<device_routes<typename I::backend_type>> device_local_routes(const I& expert_index,
-                                                                             const I& slot_index,
-                                                                             std::size_t experts,
-                                                                             std::size_t capacity,
-                                                                             bool lists) {
+std::shared_ptr<index_routes<typename I::backend_type>> local_routes(const I& expert_index,
+                                                                     const I& slot_index,
+                                                                     std::size_t experts,
+                                                                     std::size_t capacity,
+                                                                     bool lists) {
   using B = typename I::backend_type;
   const auto& le = expert_index.local_extents();  // [G_l][S][K]
-  auto r = std::make_shared<device_routes<B>>();
+  auto r = std::make_shared<index_routes<B>>();
   r->groups = le[0];
   r->tokens = le[1];
   r->k = le[2];
@@ -545,7 +278,7 @@ std::shared_ptr<device_routes<typename I::backend_type>> device_local_routes(con
   const std::size_t n = r->groups * r->tokens * r->k;
   const std::int32_t* pe = expert_index.local().data();
   const std::int32_t* ps = slot_index.local().data();
-  if (B::sum(n, bad_route{pe, ps, experts, capacity}) != 0) {
+  if (sum_kernel<B>(n, bad_route{pe, ps, experts, capacity}) != 0) {
     const auto ei = expert_index.local_to_host();
     const auto si = slot_index.local_to_host();
     for (std::size_t a = 0; a < n; ++a) {
@@ -565,93 +298,11 @@ std::shared_ptr<device_routes<typename I::backend_type>> device_local_routes(con
   if (lists) {
     r->head = typename B::template buffer<std::int64_t>(experts * r->groups * capacity);
     r->next = typename B::template buffer<std::int64_t>(n);
-    B::for_each(r->groups * experts,
-                link_routes{r->expert.data(), r->slot.data(), r->head.data(), r->next.data(),
-                            r->groups, r->tokens * r->k, experts, capacity});
+    for_each_kernel<B>(r->groups * experts,
+                       link_routes{r->expert.data(), r->slot.data(), r->head.data(), r->next.data(),
+                                   r->groups, r->tokens * r->k, experts, capacity});
   }
   return r;
-}
-
-// dispatch_by_index on every other backend.
-template <class Out, sharded_tensor X, sharded_tensor I>
-auto dispatch_generic(const autodiff::variable<X>& x, const I& ei, const I& si, std::size_t experts,
-                      std::size_t capacity) {
-  using T = typename X::value_type;
-  using B = typename X::backend_type;
-  const X& xv = x.value();
-  auto routes = device_local_routes<"dispatch_by_index">(ei, si, experts, capacity, true);
-  const std::size_t width = xv.local_extents()[2];
-  Out y(xv.mesh(), {experts, xv.extents()[0], capacity, xv.extents()[2]}, Out::uninitialized);
-  B::for_each(y.local_count(),
-              gather_slots<T>{xv.local().data(), nullptr, routes->head.data(), routes->next.data(),
-                              y.local().data(), width, routes->k});
-  auto out = autodiff::detail::make_result(x.owner(), std::move(y), x.requires_grad());
-  if (out.requires_grad()) {
-    x.owner().record([xn = x.node(), on = out.node(), routes = std::move(routes), width] {
-      if (!on->grad) return;
-      const device_routes<B>& r = *routes;
-      autodiff::dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(),
-                                  autodiff::dual_tensor<X>::uninitialized);
-      B::for_each(dx.local_count(),
-                  gather_tokens<T>{std::as_const(*on->grad).local().data(), nullptr,
-                                   r.expert.data(), r.slot.data(), dx.local().data(), width, r.k,
-                                   r.tokens, r.groups, r.capacity});
-      xn->accumulate(std::move(dx));
-    });
-  }
-  return out;
-}
-
-// combine_by_index on every other backend.
-template <class Out, class WGrad, bool moved, sharded_tensor Y, sharded_tensor W, sharded_tensor I,
-          class WU>
-auto combine_generic(const autodiff::variable<Y>& y, const autodiff::variable<W>& weight,
-                     const I& ei, const I& si, WU&& wu) {
-  using T = typename Y::value_type;
-  using B = typename Y::backend_type;
-  const Y& yv = y.value();
-  auto routes = device_local_routes<"combine_by_index">(ei, si, yv.extents()[0], yv.extents()[2],
-                                                        y.requires_grad());
-  const std::size_t width = yv.local_extents()[3];
-  Out z(yv.mesh(), {yv.extents()[1], ei.extents()[1], yv.extents()[3]}, Out::uninitialized);
-  B::for_each(z.local_count(),
-              gather_tokens<T>{yv.local().data(), wu.local().data(), routes->expert.data(),
-                               routes->slot.data(), z.local().data(), width, routes->k,
-                               routes->tokens, routes->groups, routes->capacity});
-  auto out = autodiff::detail::make_result(y.owner(), std::move(z),
-                                           y.requires_grad() || weight.requires_grad());
-  if (!out.requires_grad()) return out;
-  // The weight as used, for y's gradient: the weight's own node unless it was moved.
-  auto w_used = autodiff::detail::keep_if<moved>(std::move(wu));
-  y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(), routes = std::move(routes),
-                    width, w_used = std::move(w_used)] {
-    (void)w_used;  // used in one branch of an if constexpr only
-    if (!on->grad) return;
-    const device_routes<B>& r = *routes;
-    const T* dz = std::as_const(*on->grad).local().data();
-    if (yn->requires_grad) {
-      autodiff::dual_tensor<Y> dy(yn->value.mesh(), yn->value.extents(),
-                                  autodiff::dual_tensor<Y>::uninitialized);
-      const T* pw = [&] {
-        if constexpr (moved) {
-          return w_used.local().data();
-        } else {
-          return std::as_const(wn->value).local().data();
-        }
-      }();
-      B::for_each(dy.local_count(), gather_slots<T>{dz, pw, r.head.data(), r.next.data(),
-                                                    dy.local().data(), width, r.k});
-      yn->accumulate(std::move(dy));
-    }
-    if (wn->requires_grad) {
-      WGrad dw(wn->value.mesh(), wn->value.extents(), WGrad::uninitialized);
-      B::for_each(dw.local_count(), route_dot<T>{dz, std::as_const(yn->value).local().data(),
-                                                 r.expert.data(), r.slot.data(), dw.local().data(),
-                                                 width, r.k, r.tokens, r.groups, r.capacity});
-      wn->accumulate(zest::redistribute_to<autodiff::dual(W::layout)>(std::move(dw)));
-    }
-  });
-  return out;
 }
 
 }  // namespace detail
@@ -693,11 +344,29 @@ auto dispatch_by_index(const autodiff::variable<X>& x, const I& expert_index, co
     }
     const auto& ei = autodiff::detail::at_layout<index_at>(expert_index);
     const auto& si = autodiff::detail::at_layout<index_at>(slot_index);
-    if constexpr (autodiff::detail::on_host<X>) {
-      return detail::dispatch_on_host<out_t>(x, ei, si, experts, capacity);
-    } else {
-      return detail::dispatch_generic<out_t>(x, ei, si, experts, capacity);
+    using B = typename X::backend_type;
+    auto routes = detail::local_routes<"dispatch_by_index">(ei, si, experts, capacity, true);
+    const std::size_t width = xv.local_extents()[2];
+    out_t y(xv.mesh(), {experts, xv.extents()[0], capacity, xv.extents()[2]}, out_t::uninitialized);
+    for_each_kernel<B>(
+        y.local_count(),
+        detail::gather_slots<T>{xv.local().data(), nullptr, routes->head.data(),
+                                routes->next.data(), y.local().data(), width, routes->k});
+    auto out = autodiff::detail::make_result(x.owner(), std::move(y), x.requires_grad());
+    if (out.requires_grad()) {
+      x.owner().record([xn = x.node(), on = out.node(), routes = std::move(routes), width] {
+        if (!on->grad) return;
+        const detail::index_routes<B>& r = *routes;
+        autodiff::dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(),
+                                    autodiff::dual_tensor<X>::uninitialized);
+        for_each_kernel<B>(dx.local_count(), detail::gather_tokens<T>{
+                                                 std::as_const(*on->grad).local().data(), nullptr,
+                                                 r.expert.data(), r.slot.data(), dx.local().data(),
+                                                 width, r.k, r.tokens, r.groups, r.capacity});
+        xn->accumulate(std::move(dx));
+      });
     }
+    return out;
   }
 }
 
@@ -751,13 +420,52 @@ auto combine_by_index(const autodiff::variable<Y>& y, const autodiff::variable<W
     const auto& ei = autodiff::detail::at_layout<at>(expert_index);
     const auto& si = autodiff::detail::at_layout<at>(slot_index);
     decltype(auto) wu = autodiff::detail::at_layout<at>(weight.value());
-    if constexpr (autodiff::detail::on_host<Y>) {
-      return detail::combine_on_host<out_t, w_grad_t, moved>(y, weight, ei, si,
-                                                             std::forward<decltype(wu)>(wu));
-    } else {
-      return detail::combine_generic<out_t, w_grad_t, moved>(y, weight, ei, si,
-                                                             std::forward<decltype(wu)>(wu));
-    }
+    using B = typename Y::backend_type;
+    auto routes = detail::local_routes<"combine_by_index">(ei, si, yv.extents()[0], yv.extents()[2],
+                                                           y.requires_grad());
+    const std::size_t width = yv.local_extents()[3];
+    out_t z(yv.mesh(), {yv.extents()[1], ei.extents()[1], yv.extents()[3]}, out_t::uninitialized);
+    for_each_kernel<B>(
+        z.local_count(),
+        detail::gather_tokens<T>{yv.local().data(), wu.local().data(), routes->expert.data(),
+                                 routes->slot.data(), z.local().data(), width, routes->k,
+                                 routes->tokens, routes->groups, routes->capacity});
+    auto out = autodiff::detail::make_result(y.owner(), std::move(z),
+                                             y.requires_grad() || weight.requires_grad());
+    if (!out.requires_grad()) return out;
+    // The weight as used, for y's gradient: the weight's own node unless it was moved.
+    auto w_used = autodiff::detail::keep_if<moved>(std::move(wu));
+    y.owner().record([yn = y.node(), wn = weight.node(), on = out.node(),
+                      routes = std::move(routes), width, w_used = std::move(w_used)] {
+      (void)w_used;  // used in one branch of an if constexpr only
+      if (!on->grad) return;
+      const detail::index_routes<B>& r = *routes;
+      const T* dz = std::as_const(*on->grad).local().data();
+      if (yn->requires_grad) {
+        autodiff::dual_tensor<Y> dy(yn->value.mesh(), yn->value.extents(),
+                                    autodiff::dual_tensor<Y>::uninitialized);
+        const T* pw = [&] {
+          if constexpr (moved) {
+            return w_used.local().data();
+          } else {
+            return std::as_const(wn->value).local().data();
+          }
+        }();
+        for_each_kernel<B>(dy.local_count(),
+                           detail::gather_slots<T>{dz, pw, r.head.data(), r.next.data(),
+                                                   dy.local().data(), width, r.k});
+        yn->accumulate(std::move(dy));
+      }
+      if (wn->requires_grad) {
+        w_grad_t dw(wn->value.mesh(), wn->value.extents(), w_grad_t::uninitialized);
+        for_each_kernel<B>(dw.local_count(),
+                           detail::route_dot<T>{dz, std::as_const(yn->value).local().data(),
+                                                r.expert.data(), r.slot.data(), dw.local().data(),
+                                                width, r.k, r.tokens, r.groups, r.capacity});
+        wn->accumulate(zest::redistribute_to<autodiff::dual(W::layout)>(std::move(dw)));
+      }
+    });
+    return out;
   }
 }
 

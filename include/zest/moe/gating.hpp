@@ -79,35 +79,42 @@
 // of the renormalisation, then softmax's), from aux_loss (through m) and from z_loss. Argmaxes,
 // counts, slots and random decisions are constants.
 //
-// Backends. The host backend runs the loops of route_on_host below. Every other backend
-// (emulated, CUDA) runs route_generic: function objects handed to Backend::for_each and
-// ::sum, the routing decided on the device, no host round trip of the logits —
+// Backends: one definition, its loops function objects (zest/moe/detail/route_kernels.hpp)
+// that every backend runs through zest::for_each_kernel and sum_kernel, the routing decided
+// where the logits live, no round trip of them to the host —
 //   one call per token       softmax, logsumexp, e1, e2
 //   one call per (g, e)      expert e's slots in group g: its first choices in s order, then
 //                            its routed second choices (the random draw of each, a pure
 //                            function of the seed and the token), then capacity; the counts
 //                            c_ge and the kept assignments (a sequential prefix count, so the
-//                            decisions are the host's exactly, without atomics)
+//                            decisions are the same on every backend, without atomics; the
+//                            host runs it as one pass per group)
 //   one call per assignment  expert_index, slot_index, weight, and combine and dispatch
 //   one call per token       backward: the row of d logits
 // Only the counts per (g, e) come to the host (the statistics) and the losses' sums.
 //
 // The parts: what gating takes and returns (zest/moe/routing.hpp), and in zest/moe/detail/
-// the checks of the logits (gating_checks.hpp), the rules every backend follows
-// (routing_rules.hpp), the host's loops (route_on_host.hpp) and the function objects of the
-// other backends (route_generic.hpp); this header chooses between them.
+// the checks of the logits (gating_checks.hpp), the rules every token follows
+// (routing_rules.hpp) and the loops (route_kernels.hpp); this header is the operation.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/ops.hpp"
+#include "zest/autodiff/tape.hpp"
+#include "zest/backend/backend.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/random.hpp"
 #include "zest/moe/detail/gating_checks.hpp"
-#include "zest/moe/detail/route_generic.hpp"
-#include "zest/moe/detail/route_on_host.hpp"
+#include "zest/moe/detail/route_kernels.hpp"
 #include "zest/moe/routing.hpp"
 #include "zest/tensor/tensor.hpp"
 
@@ -132,11 +139,129 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o) {
   const double factor = o.training ? o.capacity_factor : o.eval_capacity_factor;
   const std::size_t C = expert_capacity(S, E, K, factor);
   const bool random = K == 2 && o.training && o.random_routing;
-  if constexpr (autodiff::detail::on_host<L>) {
-    return route_on_host<K>(logits, o, C, random);
-  } else {
-    return route_generic<K>(logits, o, C, random);
+  using T = typename L::value_type;
+  using B = typename L::backend_type;
+  using mesh_t = typename L::mesh_type;
+  using result_t = routing<mesh_t, L::layout, T>;
+  using slot_t = typename result_t::slot_tensor;
+  using index_t = typename result_t::index_tensor;
+  using weight_t = typename result_t::weight_tensor;
+  using scalar_t = typename result_t::scalar_tensor;
+  const std::size_t local_groups = lv.local_extents()[0];
+  const std::size_t n = local_groups * S, cells = local_groups * E;
+
+  auto tape = std::make_shared<routing_tape<T, B>>();
+  routing_tape<T, B>& r = *tape;
+  r.groups = G;
+  r.local_groups = local_groups;
+  r.tokens = S;
+  r.experts = E;
+  r.capacity = C;
+  r.k = K;
+  r.probs = typename B::template buffer<T>(n * E);
+  r.lse = typename B::template buffer<T>(n);
+  r.expert = typename B::template buffer<std::int32_t>(n * K);
+  r.slot = typename B::template buffer<std::int32_t>(n * K);
+  r.first_counts = typename B::template buffer<std::int64_t>(cells);
+  typename B::template buffer<std::int64_t> kept_counts(cells);
+
+  for_each_kernel<B>(
+      n, route_token<T, K>{lv.local().data(), r.probs.data(), r.lse.data(), r.expert.data(), E});
+  for_each_kernel<B>(cells, assign_slots<T, K>{r.probs.data(), r.expert.data(), r.slot.data(),
+                                               r.first_counts.data(), kept_counts.data(), S, E, C,
+                                               lv.local_offsets()[0], splitmix64(o.seed), random});
+
+  // The statistics, from the counts per (group, expert).
+  routing_stats stats;
+  stats.tokens_per_expert.assign(E, 0);
+  stats.kept_per_expert.assign(E, 0);
+  stats.tokens = static_cast<std::int64_t>(n);
+  stats.assignments = static_cast<std::int64_t>(n) * K;
+  {
+    std::vector<std::int64_t> first(cells), kept(cells);
+    B::to_host(std::span<const std::int64_t>(r.first_counts.data(), cells), first.data());
+    B::to_host(std::span<const std::int64_t>(kept_counts.data(), cells), kept.data());
+    std::int64_t kept_total = 0;
+    for (std::size_t i = 0; i < cells; ++i) {
+      stats.tokens_per_expert[i % E] += first[i];
+      stats.kept_per_expert[i % E] += kept[i];
+      kept_total += kept[i];
+    }
+    stats.dropped = stats.assignments - kept_total;
   }
+
+  // The routing tensors.
+  const mesh_t& mesh = lv.mesh();
+  const std::size_t C_dense = o.one_hot ? C : 0;
+  slot_t combine(mesh, {G, S, E, C_dense});
+  slot_t dispatch(mesh, {G, S, E, C_dense});
+  index_t expert_index(mesh, {G, S, static_cast<std::size_t>(K)}, index_t::uninitialized);
+  index_t slot_index(mesh, {G, S, static_cast<std::size_t>(K)}, index_t::uninitialized);
+  weight_t weight(mesh, {G, S, static_cast<std::size_t>(K)}, weight_t::uninitialized);
+  for_each_kernel<B>(
+      n * K,
+      write_routing<T, K>{r.probs.data(), r.expert.data(), r.slot.data(),
+                          expert_index.local().data(), slot_index.local().data(),
+                          weight.local().data(), C_dense != 0 ? combine.local().data() : nullptr,
+                          C_dense != 0 ? dispatch.local().data() : nullptr, E, C});
+
+  // The losses: this rank's share of the means over all groups and tokens.
+  double aux = sum_kernel<B>(cells, aux_term<T>{r.probs.data(), r.first_counts.data(), S, E});
+  aux *= static_cast<double>(E) /
+         (static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(G));
+  double z = sum_kernel<B>(n, squared<T>{r.lse.data()});
+  z /= static_cast<double>(G) * static_cast<double>(S);
+  scalar_t aux_loss(mesh, {});
+  scalar_t z_loss(mesh, {});
+  B::fill(aux_loss.local().data(), 1, static_cast<T>(aux));
+  B::fill(z_loss.local().data(), 1, static_cast<T>(z));
+
+  autodiff::tape& owner = logits.owner();
+  const bool grads = logits.requires_grad();
+  auto combine_v = autodiff::detail::make_result(owner, std::move(combine), grads);
+  auto weight_v = autodiff::detail::make_result(owner, std::move(weight), grads);
+  auto aux_v = autodiff::detail::make_result(owner, std::move(aux_loss), grads);
+  auto z_v = autodiff::detail::make_result(owner, std::move(z_loss), grads);
+  if (grads) {
+    owner.record([ln = logits.node(), cn = combine_v.node(), wn = weight_v.node(),
+                  an = aux_v.node(), zn = z_v.node(), tape] {
+      if (!cn->grad && !wn->grad && !an->grad && !zn->grad) return;
+      const routing_tape<T, B>& r = *tape;
+      const std::size_t E = r.experts, S = r.tokens;
+      const double G = static_cast<double>(r.groups);
+      const T* dcombine = cn->grad && cn->grad->local_count() != 0
+                              ? std::as_const(*cn->grad).local().data()
+                              : nullptr;
+      const T* dweight = wn->grad ? std::as_const(*wn->grad).local().data() : nullptr;
+      // The scalars' gradients, one element each, read on the host.
+      const double daux = an->grad
+                              ? static_cast<double>(std::as_const(*an->grad).local_to_host()[0]) *
+                                    static_cast<double>(E) /
+                                    (static_cast<double>(S) * static_cast<double>(S) * G)
+                              : 0.0;
+      const T dz =
+          zn->grad
+              ? static_cast<T>(static_cast<double>(std::as_const(*zn->grad).local_to_host()[0]) *
+                               2.0 / (G * static_cast<double>(S)))
+              : T(0);
+      autodiff::dual_tensor<L> dx(ln->value.mesh(), ln->value.extents(),
+                                  autodiff::dual_tensor<L>::uninitialized);
+      for_each_kernel<B>(r.local_groups * S,
+                         gating_backward<T>{r.probs.data(), r.lse.data(), r.expert.data(),
+                                            r.slot.data(), r.first_counts.data(), dcombine, dweight,
+                                            dx.local().data(), daux, dz, S, E, r.capacity, r.k});
+      ln->accumulate(std::move(dx));
+    });
+  }
+  return result_t{.combine = std::move(combine_v),
+                  .dispatch = std::move(dispatch),
+                  .expert_index = std::move(expert_index),
+                  .slot_index = std::move(slot_index),
+                  .weight = std::move(weight_v),
+                  .aux_loss = std::move(aux_v),
+                  .z_loss = std::move(z_v),
+                  .stats = std::move(stats),
+                  .capacity = C};
 }
 
 }  // namespace detail

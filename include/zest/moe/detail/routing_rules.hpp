@@ -24,14 +24,11 @@ namespace zest::moe {
 
 namespace detail {
 
-// The uniform draw in [0, 1) of random routing for global token index i.
-struct routing_draw {
-  std::uint64_t key = 0;
-  explicit routing_draw(std::uint64_t seed) : key(splitmix64(seed)) {}
-  double operator()(std::uint64_t i) const {
-    return static_cast<double>(splitmix64(key ^ i) >> 11) * 0x1p-53;
-  }
-};
+// The uniform draw in [0, 1) of random routing for global token index i, key =
+// splitmix64(seed).
+ZEST_HOST_DEVICE inline double routing_uniform(std::uint64_t key, std::uint64_t i) {
+  return static_cast<double>(splitmix64(key ^ i) >> 11) * 0x1p-53;
+}
 
 // Softmax of one row of E logits into p; returns logsumexp. (Every backend: dmath's exp and
 // log are std::exp and std::log on the host.)
