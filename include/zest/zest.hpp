@@ -58,6 +58,7 @@
 #include "zest/plan/explain.hpp"
 #include "zest/plan/visualize.hpp"
 
+#include "zest/autodiff/attention.hpp"
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/einsum_grad.hpp"
 #include "zest/autodiff/kernels.hpp"

@@ -592,6 +592,47 @@ struct softmax_fn {
     }
   }
 };
+// Softmax of each row over the entries it keeps: those inside the row's causal window (all of
+// them when the window is not masked) whose mask element, mask[map.small_of(i)] for entry i
+// of the shard, is nonzero. The other entries get 0, and a row that keeps no entry (or only
+// entries of -infinity) is all zeros, not NaN. The backward is softmax_fn<false>'s: y is 0
+// where an entry was dropped, so its gradient is 0 there.
+template <class T, class C>
+struct masked_softmax_rows {
+  const T* x;
+  const C* mask;
+  T* y;
+  row_walk walk;
+  causal_window window;
+  broadcast_map map;
+  ZEST_HOST_DEVICE bool keeps(std::size_t i, std::size_t j, std::size_t lo, std::size_t hi) const {
+    return j >= lo && j < hi && mask[map.small_of(i)] != C(0);
+  }
+  ZEST_HOST_DEVICE void operator()(std::size_t r) const {
+    const std::size_t f = walk.first(r), s = walk.inner, n = walk.n;
+    std::size_t lo = 0, hi = n;
+    window.kept(r, lo, hi);
+    T m = -dmath::infinity<T>();
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t i = f + j * s;
+      if (keeps(i, j, lo, hi)) m = dmath::max(m, x[i]);
+    }
+    if (!(m > -dmath::infinity<T>())) {
+      for (std::size_t j = 0; j < n; ++j) y[f + j * s] = T(0);
+      return;
+    }
+    T sum = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t i = f + j * s;
+      const T e = keeps(i, j, lo, hi) ? dmath::exp(x[i] - m) : T(0);
+      y[i] = e;
+      sum += e;
+    }
+    const T inverse = T(1) / sum;
+    for (std::size_t j = 0; j < n; ++j) y[f + j * s] *= inverse;
+  }
+};
+
 // out = in inside each row's causal window, `fill` outside.
 template <class T>
 struct causal_mask_rows {

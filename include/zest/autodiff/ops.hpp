@@ -381,6 +381,115 @@ auto causal_softmax(const variable<X>& x) {
   }
 }
 
+namespace autodiff_error {
+template <class Mask, class X>
+struct softmax_mask {
+  static_assert(always_false<Mask>,
+                "zest autodiff masked_softmax: the mask needs arithmetic elements (nonzero "
+                "keeps an entry), x's mesh, no partial axis, and dims that are some of x's in "
+                "x's order (mask and x shown above). Fix: e.g. a tensor<std::uint8_t, Mesh, "
+                "\"ts\"> for scores \"bhts\"; it is broadcast over the dims it lacks.");
+};
+}  // namespace autodiff_error
+
+namespace detail {
+
+template <fixed_string Op, class X, class M>
+constexpr bool check_softmax_mask() {
+  if constexpr (!std::is_arithmetic_v<typename M::value_type> ||
+                !std::is_same_v<typename M::mesh_type, typename X::mesh_type> ||
+                M::layout.any_partial() || !is_subsequence(view_of<M::dims>, view_of<X::dims>)) {
+    (void)autodiff_error::softmax_mask<M, X>{};
+    return false;
+  } else {
+    return true;
+  }
+}
+
+// Softmax along D over the entries that the mask (and, with Q != 0, the causal window of the
+// pair Q, K) keeps. The mask is used split as x splits its dims (a local slice of a
+// replicated mask) and read through a broadcast map; the backward is softmax's.
+template <fixed_string Op, char D, char Q, char K, sharded_tensor X, sharded_tensor M>
+variable<X> masked_rows_op(const variable<X>& x, const M& mask) {
+  using T = typename X::value_type;
+  using C = typename M::value_type;
+  using B = typename X::backend_type;
+  constexpr layout_value mask_at = splits_of(X::layout, view_of<M::dims>);
+  const X& xv = x.value();
+  check_extents<Op>(xv, mask, "x", "mask");
+  decltype(auto) mu = at_layout<mask_at>(mask);
+  const kernels::broadcast_map map =
+      broadcast_map_of(walk_of(view_of<X::dims>, view_of<M::dims>, xv.local_extents()));
+  const rows_along rows = rows_of(xv.local_extents(), X::dim_index(D));
+  const kernels::row_walk walk = row_walk_of(rows);
+  kernels::causal_window window;
+  window.n = rows.n;
+  if constexpr (Q != 0) window = causal_window_of(causal_rows_of<D, Q, K>(xv));
+  X y(xv.mesh(), xv.extents(), X::uninitialized);
+  for_each_kernel<B>(rows.count(),
+                     kernels::masked_softmax_rows<T, C>{xv.local().data(), mu.local().data(),
+                                                        y.local().data(), walk, window, map});
+  auto out = make_result(x.owner(), std::move(y), x.requires_grad());
+  if (out.requires_grad()) {
+    x.owner().record([xn = x.node(), on = out.node(), count = rows.count(), walk] {
+      if (!on->grad) return;
+      dual_tensor<X> dx(on->value.mesh(), on->value.extents(), dual_tensor<X>::uninitialized);
+      for_each_kernel<B>(count, kernels::row_backward<T, kernels::softmax_fn<false>>{
+                                    std::as_const(xn->value).local().data(),
+                                    std::as_const(on->value).local().data(),
+                                    std::as_const(*on->grad).local().data(), dx.local().data(),
+                                    walk, kernels::softmax_fn<false>{}});
+      xn->accumulate(std::move(dx));
+    });
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// Softmax along D (whole; x not partial) over the entries where `mask` is nonzero; the others
+// get 0, and a row the mask drops whole is all zeros (not NaN). The mask is a plain tensor
+// (any arithmetic element type, not partial, on x's mesh) whose dims are some of x's in x's
+// order, broadcast over the others: "ts" for scores "bhts", "bts" for a per-sequence padding
+// mask. Its extents must equal x's on its dims (zest::shape_error otherwise). The gradient is
+// softmax's, 0 at the dropped entries.
+template <char D, sharded_tensor X, sharded_tensor M>
+auto masked_softmax(const variable<X>& x, const M& mask) {
+  if constexpr (!detail::check_operand<"masked_softmax", X>()) {
+    return 0;
+  } else if constexpr (!detail::check_whole_dim<"masked_softmax", D, X>()) {
+    return 0;
+  } else if constexpr (!detail::check_softmax_mask<"masked_softmax", X, M>()) {
+    return 0;
+  } else {
+    return detail::masked_rows_op<"masked_softmax", D, 0, 0>(x, mask);
+  }
+}
+
+// causal_softmax<Q, K, D>(x) over the entries the mask also keeps (masked_softmax's mask): an
+// entry counts where global K <= global Q and the mask is nonzero; a row with none is zeros.
+template <char Q, char K, char D = K, sharded_tensor X, sharded_tensor M>
+auto causal_softmax(const variable<X>& x, const M& mask) {
+  if constexpr (!detail::check_operand<"causal_softmax", X>()) {
+    return 0;
+  } else if constexpr (!X::dims.contains(Q)) {
+    (void)autodiff_error::missing_dim<"causal_softmax", Q, X>{};
+    return 0;
+  } else if constexpr (!X::dims.contains(K)) {
+    (void)autodiff_error::missing_dim<"causal_softmax", K, X>{};
+    return 0;
+  } else if constexpr (Q == K || (D != Q && D != K)) {
+    (void)autodiff_error::causal_dims<Q, K, D, X>{};
+    return 0;
+  } else if constexpr (!detail::check_whole_dim<"causal_softmax", D, X>()) {
+    return 0;
+  } else if constexpr (!detail::check_softmax_mask<"causal_softmax", X, M>()) {
+    return 0;
+  } else {
+    return detail::masked_rows_op<"causal_softmax", D, Q, K>(x, mask);
+  }
+}
+
 // Layer normalisation along D (whole; x not partial): y = (x - mean) / sqrt(var + eps) * gamma
 // + beta, with gamma and beta 1-D tensors along D. They are used replicated (gathered if
 // stored otherwise); their gradients, sums over all rows, are pending on every axis and
