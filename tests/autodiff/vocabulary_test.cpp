@@ -1,5 +1,5 @@
 // The op vocabulary of zest/autodiff/elementwise.hpp and ops.hpp (exp, log, tanh, sigmoid,
-// silu, relu, sqrt, rsqrt, pow, abs, shift, maximum, minimum, where, mean and variance over a
+// silu, relu, sqrt, rsqrt, pow (a number or a tensor exponent), abs, shift, maximum, minimum, where, mean and variance over a
 // dim, softmax and log-softmax over any dim, rms_norm) and the op definition API of op.hpp
 // (unary with two lambdas, rowwise, custom): values against single-rank references written
 // here, gradients of loss = sum(op(...) * R) against central differences (double) of the
@@ -223,6 +223,53 @@ TEST_CASE("maximum, minimum, where") {
       check_op<x_t, y_t>(
           m, [&](const auto& x, const auto& y) { return ad::where(c, x, y); }, both, in, picked);
     });
+  });
+}
+
+// pow(x, y) with a tensor exponent: x > 0 (its domain), y of both signs, y in its own layout.
+TEST_CASE("pow with a tensor exponent") {
+  on_every_mesh([&](const auto& m) {
+    using M = std::remove_cvref_t<decltype(m)>;
+    on_every_layout([&]<class L>() {
+      using x_t = tensor<double, M, "btm", L>;
+      using y_t = tensor<double, M, "btm", layout<split<'t', "dp">>>;
+      const globals in{inputs(1, 0.4, 1.5), inputs(2, 2)};
+      std::vector<double> want;
+      for (std::size_t i = 0; i < in[0].size(); ++i) want.push_back(std::pow(in[0][i], in[1][i]));
+      check_op<x_t, y_t>(
+          m, [](const auto& x, const auto& y) { return ad::pow(x, y); }, std::tuple{xe, xe}, in,
+          want);
+    });
+  });
+}
+
+// pow(x, y) at x <= 0: std::pow's values; at x = 0 (y >= 0) y's gradient is 0 and x's is 0
+// where y = 0; at x < 0 y's gradient is NaN (no real derivative in y).
+TEST_CASE("pow with a tensor exponent at x <= 0") {
+  on_every_mesh([&](const auto& m) {
+    using M = std::remove_cvref_t<decltype(m)>;
+    using v_t = tensor<double, M, "m", layout<split<'m', "dp">>>;
+    const std::array<std::size_t, 1> e{5};
+    const std::vector<double> xs{0.0, 0.0, 0.0, -2.0, 2.0}, ys{0.0, 1.0, 2.5, 3.0, 0.5};
+    ad::tape t;
+    auto x = t.parameter(v_t::from_global(m, e, xs));
+    auto y = t.parameter(v_t::from_global(m, e, ys));
+    auto z = ad::pow(x, y);
+    ad::backward(ad::sum(z));
+    const auto zv = to_global(z.value()), dx = to_global(x.grad()), dy = to_global(y.grad());
+    CHECK(zv[0] == 1.0);  // 0^0
+    CHECK(zv[1] == 0.0);
+    CHECK(zv[2] == 0.0);
+    CHECK(zv[3] == -8.0);
+    CHECK(dx[0] == 0.0);  // y = 0: x^0 does not depend on x
+    CHECK(dx[1] == 1.0);
+    CHECK(dx[2] == 0.0);
+    CHECK(dx[3] == doctest::Approx(12.0));
+    CHECK(dy[0] == 0.0);
+    CHECK(dy[1] == 0.0);
+    CHECK(dy[2] == 0.0);
+    CHECK(std::isnan(dy[3]));
+    CHECK(dy[4] == doctest::Approx(std::sqrt(2.0) * std::log(2.0)));
   });
 }
 

@@ -3,6 +3,7 @@
 //
 //   auto a = autodiff::silu(x);                  // also exp, log, tanh, sigmoid, relu, sqrt,
 //   auto r = autodiff::rsqrt(autodiff::shift(v, 1e-6f));   // rsqrt, abs, pow(x, p), shift(x, c)
+//   auto p = autodiff::pow(x, y);                // a tensor exponent (x > 0 for y's gradient)
 //   auto m = autodiff::maximum(x, y);            // minimum; where(mask, x, y)
 //
 // exp, tanh, sigmoid and silu have host-vectorised members (Eigen's vectorised exp and tanh);
@@ -202,6 +203,26 @@ struct pow {
   ZEST_HOST_DEVICE T value(T x) const { return power(x, p); }
   ZEST_HOST_DEVICE T derivative(T x, T) const { return p * power(x, p - T(1)); }
 };
+// x^y for a tensor y. dz/dx = y x^(y - 1) and dz/dy = z log x, z = x^y. The domain of both
+// gradients is x > 0. At x = 0 (and y >= 0) z is 0 or 1 whatever y's nearby values, and both
+// derivatives are taken as their limits from x > 0 where those are finite: dz/dy = 0, and
+// dz/dx = 0 at y = 0 (not 0 * 0^-1). Elsewhere at x <= 0 the values are std::pow's (x < 0:
+// NaN unless y is an integer; 0^y = infinity for y < 0) and dz/dy = z log x is NaN for
+// x < 0: x^y has no real derivative in y there.
+struct power_of {
+  template <class T>
+  ZEST_HOST_DEVICE T value(T x, T y) const {
+    return power(x, y);
+  }
+  template <class T>
+  ZEST_HOST_DEVICE T derivative_first(T x, T y, T) const {
+    return y == T(0) ? T(0) : y * power(x, y - T(1));
+  }
+  template <class T>
+  ZEST_HOST_DEVICE T derivative_second(T x, T y, T z) const {
+    return (x == T(0) && !(y < T(0))) ? T(0) : z * dmath::log(x);
+  }
+};
 // x + c: affine, not linear (a pending sum would get c once per rank).
 template <class T>
 struct shift {
@@ -272,6 +293,12 @@ auto abs(const variable<X>& x) {
 template <sharded_tensor X>
 auto pow(const variable<X>& x, typename X::value_type p) {
   return unary<"pow">(x, fns::pow<typename X::value_type>{p});
+}
+// x^y element-wise, x and y of the same dims (y used in x's layout), neither partial; see
+// fns::power_of for the domain (x > 0 for y's gradient).
+template <sharded_tensor X, sharded_tensor Y>
+auto pow(const variable<X>& x, const variable<Y>& y) {
+  return binary<"pow">(x, y, fns::power_of{});
 }
 // x + c element-wise.
 template <sharded_tensor X>
