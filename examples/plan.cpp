@@ -1,13 +1,18 @@
-// plan — per-rank model-state memory and communication per step under ZeRO stages 0-3,
-// derived from the stages' layouts (zest/zero/planner.hpp). One process, no MPI, any size:
+// plan — per-GPU memory and step time of transformer training under dp x tp x ep, with a ZeRO
+// stage over dp, sequence parallelism and activation recomputation (zest/zero/planner.hpp,
+// zest/zero/transformer_plan.hpp, zest/zero/cost_model.hpp). One process, no MPI, any size:
 //
-//   build/default/examples/plan                       # the ZeRO paper's example, 17B, GPT-2 small
+//   build/default/examples/plan                       # the published setups, checked
 //   build/default/examples/plan --params 175B --ranks 1024 --stage 3
+//   build/default/examples/plan --layers 32 --hidden 4096 --heads 32 --seq 4096 --dp 16 --tp 8
+//                               --zero 1 --sp --recompute selective
 //   build/default/examples/plan --help
 //
-// Figures are for rank 0 of the data axis (with balanced blocks the first ranks hold the
-// most), in decimal units as in the ZeRO paper (1 GB = 1e9 bytes). The exit status is 1 when
-// a figure of the paper's example does not come out as the paper prints it.
+// Figures are for the GPU at coordinate 0 of every axis (with balanced blocks it holds the
+// most), in decimal units as in the ZeRO paper (1 GB = 1e9 bytes). The exit status is 1 when a
+// figure of the ZeRO paper's example or a published model's size does not come out as printed.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -16,41 +21,81 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "zest/backend/host/blas.hpp"
 #include "zest/mesh/mesh_shape.hpp"
+#include "zest/zero/cost_model.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/stage.hpp"
+#include "zest/zero/transformer_plan.hpp"
 
 namespace {
 
 struct options {
+  // The flat ZeRO model (--params, --ranks).
   std::optional<std::uint64_t> params;
   std::optional<int> ranks;
   std::optional<int> stage;
   bool fp32 = false;
+  // A transformer of one's own (any of these flags).
+  bool transformer = false;
+  zest::transformer_config model = zest::gpt_transformer("GPT-2 small", 12, 768, 12, 50257, 1024);
+  zest::parallel_layout layout{};
+  bool untied = false;
+  // The cluster.
+  zest::cluster cluster = zest::dgx2_v100_cluster();
+  bool overlap = false;
+  bool measure_flops = false;
 };
 
 constexpr std::string_view usage =
-    "usage: plan [--params N] [--ranks N] [--stage K] [--fp32] [--help]\n"
+    "usage: plan [options]\n"
     "\n"
-    "Prints, per ZeRO stage, the model-state memory of one rank and the bytes it sends per\n"
-    "training step, derived from the stage's layouts (parameter stored/used, gradient\n"
-    "produced/kept, optimizer state) and zest's byte model of the transitions.\n"
+    "Without options: the published setups, each with the planner's figures next to the\n"
+    "paper's: the ZeRO paper's table (7.5B, N_d = 64, checked), Turing-NLG (17B, TP 4 x DP 64,\n"
+    "ZeRO-1), the ZeRO paper's 100B model on 400 V100, GShard's MoE from 128 to 2048 experts.\n"
     "\n"
-    "Without --params/--ranks: the ZeRO paper's example (7.5B parameters, N_d = 64, checked\n"
-    "against the paper's figures), a Turing-NLG-sized model (17B, N_d = 256) and GPT-2 small\n"
-    "on 4 ranks.\n"
+    "ZeRO on one flat parameter (the ZeRO paper's model):\n"
+    "  --params N          N elements (suffixes k, M, B, T: 7.5B, 175B)\n"
+    "  --ranks N           data-parallel ranks N_d (default 64)\n"
+    "  --stage K           only stage K (0-3), with the plan's phases in detail\n"
+    "  --fp32              fp32 parameters and gradients (K = 8) instead of bf16/fp16 (K = 12)\n"
     "\n"
-    "  --params N   one flat parameter of N elements (suffixes k, M, B, T: 7.5B, 175B)\n"
-    "  --ranks N    data-parallel ranks N_d (default 64)\n"
-    "  --stage K    only stage K (0-3), with the plan's phases in detail\n"
-    "  --fp32       fp32 parameters and gradients (K = 8) instead of bf16/fp16 (K = 12)\n";
+    "A transformer (any of these flags; defaults: GPT-2 small on one GPU):\n"
+    "  --arch A            gpt (LayerNorm, biases, learned positions, GELU, tied head) or\n"
+    "                      llama (RMSNorm, no biases, rotary, SwiGLU, untied, no dropout)\n"
+    "  --layers N --hidden N --heads N --vocab N --seq N\n"
+    "  --kv-heads N        key/value heads (grouped-query attention), dividing --heads\n"
+    "  --ffn N             MLP hidden width (default 4 x hidden; llama: give it)\n"
+    "  --untied            the head has its own weights (gpt)\n"
+    "  --no-dropout        no dropout masks kept\n"
+    "  --batch N           micro-batch: sequences per data rank (of dp x ep) (default 1)\n"
+    "  --accumulation N    micro-batches per optimizer step (default 1)\n"
+    "  --dp N --tp N --ep N  the layout: dp x tp x ep GPUs (default 1 each)\n"
+    "  --zero K            ZeRO stage over dp, 0-3 (default 0; --stage is the same)\n"
+    "  --sp                sequence parallelism over tp (needs --tp >= 2)\n"
+    "  --recompute R       none, selective (attention scores) or full (per layer)\n"
+    "  --experts N         expert layers with N experts (--ep divides N)\n"
+    "  --top-k K           experts per token (default 2)\n"
+    "  --moe-every N       every N-th layer has experts (default 2)\n"
+    "  --capacity-factor X slots per expert, times k tokens / E (default 1)\n"
+    "\n"
+    "The time model (defaults: DGX-2 V100, see zest/zero/cost_model.hpp):\n"
+    "  --peak-tflops X     per-device peak (default 125)\n"
+    "  --efficiency X      share of the peak the compute reaches, in (0, 1] (default 0.4)\n"
+    "  --dp-gbps X --tp-gbps X --ep-gbps X     link bandwidth per GPU, GB/s\n"
+    "  --dp-latency-us X --tp-latency-us X --ep-latency-us X   per message step\n"
+    "  --overlap           communication hidden behind compute (default: none)\n"
+    "  --measure-flops     measure this machine's single-thread sgemm (n = 1024) and exit\n";
 
-// "7.5B" -> 7'500'000'000
-std::uint64_t parse_count(std::string_view text) {
+std::string fixed(double v, int digits);
+
+// "7.5B" -> 7.5e9
+double parse_amount(std::string_view text) {
   std::string s(text);
   double scale = 1;
   if (!s.empty()) {
@@ -66,38 +111,196 @@ std::uint64_t parse_count(std::string_view text) {
     if (scale != 1) s.pop_back();
   }
   std::size_t used = 0;
-  const double v = std::stod(s, &used);
-  if (used != s.size() || !(v > 0))
-    throw std::invalid_argument("not a positive count: " + std::string(text));
-  return static_cast<std::uint64_t>(std::llround(v * scale));
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size() || !(v > 0) || !std::isfinite(v * scale))
+    throw std::invalid_argument("not a positive count: '" + std::string(text) + "'");
+  return v * scale;
+}
+
+std::uint64_t parse_count(std::string_view text) {
+  return static_cast<std::uint64_t>(std::llround(parse_amount(text)));
+}
+
+// A positive whole number no larger than `limit`, for `flag`.
+std::uint64_t parse_whole(std::string_view flag, std::string_view text, std::uint64_t limit) {
+  double v = 0;
+  try {
+    v = parse_amount(text);
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument(std::string(flag) + ": not a positive whole number: '" +
+                                std::string(text) + "'");
+  }
+  if (v != std::floor(v))
+    throw std::invalid_argument(std::string(flag) + ": '" + std::string(text) +
+                                "' is not a whole number");
+  if (v > static_cast<double>(limit))
+    throw std::invalid_argument(std::string(flag) + ": " + std::string(text) + " exceeds " +
+                                std::to_string(limit));
+  return static_cast<std::uint64_t>(v);
+}
+
+// A positive real number (with `at_most`, in (0, at_most]).
+double parse_real(std::string_view flag, std::string_view text, double at_most = 0) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(std::string(text), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(v > 0) || !std::isfinite(v))
+    throw std::invalid_argument(std::string(flag) + ": not a positive number: '" +
+                                std::string(text) + "'");
+  if (at_most > 0 && v > at_most)
+    throw std::invalid_argument(std::string(flag) + ": " + std::string(text) + " exceeds " +
+                                fixed(at_most, 2));
+  return v;
 }
 
 options parse(int argc, char** argv) {
   options o;
+  bool arch_llama = false;
+  std::optional<std::size_t> ffn;
+  constexpr std::uint64_t extent_limit = std::uint64_t{1} << 32;
+  constexpr std::uint64_t ranks_limit = 1'000'000'000ULL;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::string_view {
       if (i + 1 >= argc) throw std::invalid_argument(std::string(a) + " needs a value");
       return argv[++i];
     };
+    auto extent = [&](std::size_t& field) {
+      field = static_cast<std::size_t>(parse_whole(a, value(), extent_limit));
+      o.transformer = true;
+    };
+    auto ranks = [&](int& field) {
+      field = static_cast<int>(parse_whole(a, value(), ranks_limit));
+      o.transformer = true;
+    };
+    auto gbps = [&](zest::axis_link& l) { l.bandwidth = parse_real(a, value()) * 1e9; };
+    auto latency = [&](zest::axis_link& l) { l.latency = parse_real(a, value()) * 1e-6; };
     if (a == "--help" || a == "-h") {
       std::cout << usage;
       std::exit(0);
     } else if (a == "--params") {
       o.params = parse_count(value());
     } else if (a == "--ranks") {
-      const auto n = parse_count(value());
-      if (n > 1'000'000'000ULL) throw std::invalid_argument("--ranks: too many ranks");
-      o.ranks = static_cast<int>(n);
-    } else if (a == "--stage") {
-      const auto k = parse_count(value());
-      if (k > 3) throw std::invalid_argument("--stage: ZeRO has stages 0-3");
-      o.stage = static_cast<int>(k);
+      o.ranks = static_cast<int>(parse_whole(a, value(), ranks_limit));
+    } else if (a == "--stage" || a == "--zero") {
+      const std::string_view v = value();
+      if (v.size() != 1 || v[0] < '0' || v[0] > '3')
+        throw std::invalid_argument(std::string(a) + ": ZeRO has stages 0-3, not '" +
+                                    std::string(v) + "'");
+      o.stage = v[0] - '0';
+      o.layout.zero_stage = *o.stage;
     } else if (a == "--fp32") {
       o.fp32 = true;
+    } else if (a == "--arch") {
+      const std::string_view v = value();
+      if (v != "gpt" && v != "llama")
+        throw std::invalid_argument("--arch: gpt or llama, not '" + std::string(v) + "'");
+      arch_llama = v == "llama";
+      o.transformer = true;
+    } else if (a == "--layers") {
+      extent(o.model.layers);
+    } else if (a == "--hidden") {
+      extent(o.model.hidden);
+    } else if (a == "--heads") {
+      extent(o.model.heads);
+    } else if (a == "--kv-heads") {
+      extent(o.model.kv_heads);
+    } else if (a == "--ffn") {
+      std::size_t f = 0;
+      extent(f);
+      ffn = f;
+    } else if (a == "--vocab") {
+      extent(o.model.vocab);
+    } else if (a == "--seq") {
+      extent(o.model.sequence);
+    } else if (a == "--batch") {
+      extent(o.layout.micro_batch);
+    } else if (a == "--accumulation") {
+      extent(o.layout.accumulation);
+    } else if (a == "--untied") {
+      o.untied = true;
+      o.transformer = true;
+    } else if (a == "--no-dropout") {
+      o.model.dropout = false;
+      o.transformer = true;
+    } else if (a == "--dp") {
+      ranks(o.layout.dp);
+    } else if (a == "--tp") {
+      ranks(o.layout.tp);
+    } else if (a == "--ep") {
+      ranks(o.layout.ep);
+    } else if (a == "--sp") {
+      o.layout.sequence_parallel = true;
+      o.transformer = true;
+    } else if (a == "--recompute") {
+      const std::string_view v = value();
+      if (v == "none") o.layout.recompute = zest::recomputation::none;
+      else if (v == "selective") o.layout.recompute = zest::recomputation::selective;
+      else if (v == "full") o.layout.recompute = zest::recomputation::full;
+      else
+        throw std::invalid_argument("--recompute: none, selective or full, not '" + std::string(v) +
+                                    "'");
+      o.transformer = true;
+    } else if (a == "--experts") {
+      extent(o.model.experts);
+    } else if (a == "--top-k") {
+      extent(o.model.top_k);
+    } else if (a == "--moe-every") {
+      extent(o.model.moe_every);
+    } else if (a == "--capacity-factor") {
+      o.model.capacity_factor = parse_real(a, value());
+      o.transformer = true;
+    } else if (a == "--peak-tflops") {
+      o.cluster.peak_flops = parse_real(a, value()) * 1e12;
+      o.cluster.name = "given";
+    } else if (a == "--efficiency") {
+      o.cluster.efficiency = parse_real(a, value(), 1.0);
+    } else if (a == "--dp-gbps") {
+      gbps(o.cluster.data);
+    } else if (a == "--tp-gbps") {
+      gbps(o.cluster.tensor);
+    } else if (a == "--ep-gbps") {
+      gbps(o.cluster.expert);
+    } else if (a == "--dp-latency-us") {
+      latency(o.cluster.data);
+    } else if (a == "--tp-latency-us") {
+      latency(o.cluster.tensor);
+    } else if (a == "--ep-latency-us") {
+      latency(o.cluster.expert);
+    } else if (a == "--overlap") {
+      o.overlap = true;
+    } else if (a == "--measure-flops") {
+      o.measure_flops = true;
     } else {
       throw std::invalid_argument("unknown argument " + std::string(a));
     }
+  }
+  if (o.transformer && (o.params || o.ranks))
+    throw std::invalid_argument(
+        "--params/--ranks plan one flat parameter; a transformer takes --layers, --hidden, ... "
+        "and --dp: give one or the other");
+  if (arch_llama) {
+    zest::transformer_config c = o.model;
+    o.model = zest::llama_transformer("Llama-style", c.layers, c.hidden, c.heads, c.kv_heads,
+                                      ffn.value_or(8 * c.hidden / 3), c.vocab, c.sequence);
+    o.model.experts = c.experts;
+    o.model.top_k = c.top_k;
+    o.model.moe_every = c.moe_every;
+    o.model.capacity_factor = c.capacity_factor;
+    if (o.untied) throw std::invalid_argument("--untied: a llama head is untied already");
+  } else {
+    if (ffn) o.model.ffn_hidden = *ffn;
+    if (o.untied) o.model.tied_output = false;
+    o.model.name = "GPT";
   }
   return o;
 }
@@ -185,22 +388,218 @@ int print_section(const section& s, const options& o, const zest::training_preci
   return disagree;
 }
 
+std::string tflops(double flops) { return fixed(flops / 1e12, 1) + " TFLOP/s"; }
+
+std::string seconds(double s) {
+  if (s < 1e-3) return fixed(s * 1e6, 1) + " us";
+  if (s < 1) return fixed(s * 1e3, 1) + " ms";
+  return fixed(s, 2) + " s";
+}
+
+std::string link_text(const zest::axis_link& l) {
+  return fixed(l.bandwidth / 1e9, 2) + " GB/s + " + fixed(l.latency * 1e6, 1) + " us";
+}
+
+struct setup {
+  std::string title;
+  std::string source;  // where the figures come from
+  zest::transformer_config model;
+  zest::parallel_layout layout;
+  std::optional<double> paper_parameters;  // checked within 5 % (the papers round)
+  std::optional<double> paper_flops;       // per GPU, printed beside the estimate
+  std::optional<double> device_memory;     // bytes, for "fits"
+  std::vector<std::string> assumptions;
+};
+
+std::string layout_text(const zest::parallel_layout& p) {
+  std::ostringstream s;
+  s << p.world() << " GPUs as dp " << p.dp << " x tp " << p.tp << " x ep " << p.ep << ", ZeRO-"
+    << p.zero_stage << " over dp, sequence parallelism " << (p.sequence_parallel ? "on" : "off")
+    << ", recompute " << zest::name_of(p.recompute) << ", micro-batch " << p.micro_batch << " x "
+    << p.accumulation << " per data rank (global batch "
+    << p.micro_batch * p.accumulation * static_cast<std::size_t>(p.dp * p.ep) << ")";
+  return s.str();
+}
+
+// Prints a transformer's plan and step time; returns the number of checked figures that
+// disagree with the paper's.
+int print_transformer(const setup& s, const zest::training_precision& precision,
+                      const zest::cluster& cl, bool overlap) {
+  const zest::transformer_config& c = s.model;
+  const zest::parallel_layout& p = s.layout;
+  const zest::transformer_memory m = zest::plan_transformer(c, p, precision);
+  int disagree = 0;
+  std::cout << s.title << '\n';
+  if (!s.source.empty()) std::cout << "  (" << s.source << ")\n";
+  std::cout << "  " << c.layers << " layers, hidden " << c.hidden << ", " << c.heads << " heads";
+  if (c.kv() != c.heads) std::cout << " (" << c.kv() << " kv)";
+  std::cout << ", ffn " << c.ffn() << ", vocab " << c.vocab << ", sequence " << c.sequence;
+  if (c.experts > 0)
+    std::cout << ", " << c.experts << " experts (top-" << c.top_k << ", every " << c.moe_every
+              << "-th layer, capacity factor " << fixed(c.capacity_factor, 2) << ")";
+  std::cout << "\n  " << layout_text(p) << ", " << precision.name << '\n';
+  for (const auto& a : s.assumptions) std::cout << "  assumed: " << a << '\n';
+
+  std::cout << "  parameters " << count(m.parameter_count);
+  if (s.paper_parameters) {
+    const double ratio = static_cast<double>(m.parameter_count) / *s.paper_parameters;
+    const bool same = std::abs(ratio - 1) <= 0.05;
+    disagree += same ? 0 : 1;
+    std::cout << " (paper: " << count(static_cast<std::uint64_t>(*s.paper_parameters)) << ", ratio "
+              << fixed(ratio, 3) << (same ? " ✓" : " ✗") << ")";
+  }
+  std::cout << "; this GPU's blocks " << count(m.local_parameters);
+  if (m.local_expert_parameters > 0)
+    std::cout << " (experts " << count(m.local_expert_parameters) << ")";
+  std::cout << '\n';
+  const auto& ms = m.states.memory;
+  std::cout << "  model states per GPU  parameters " << bytes(static_cast<double>(ms.parameters))
+            << ", gradients " << bytes(static_cast<double>(ms.gradients)) << ", optimizer "
+            << bytes(static_cast<double>(ms.optimizer())) << ": "
+            << bytes(static_cast<double>(ms.total())) << '\n';
+  const auto& a = m.activations;
+  std::cout << "  activations per GPU   layers " << bytes(a.layers);
+  if (a.working > 0) std::cout << ", the layer being recomputed " << bytes(a.working);
+  std::cout << ", embedding and head " << bytes(a.outside) << ": " << bytes(a.total()) << '\n';
+  std::cout << "  memory per GPU        " << bytes(m.total());
+  if (s.device_memory)
+    std::cout << (m.total() <= *s.device_memory ? " (fits " : " (does NOT fit ")
+              << bytes(*s.device_memory) << ")";
+  std::cout << '\n';
+
+  zest::step_estimate t = zest::estimate_step(c, p, cl, precision, overlap);
+  std::cout << "  step time on " << cl.name << ": " << tflops(cl.peak_flops) << " peak x "
+            << fixed(cl.efficiency, 2) << "; links dp " << link_text(cl.data) << ", tp "
+            << link_text(cl.tensor) << ", ep " << link_text(cl.expert) << "; "
+            << (overlap ? "communication overlapped with compute" : "no overlap") << '\n';
+  auto axis = [](const char* name, const zest::axis_traffic& x) {
+    if (x.calls == 0) return;
+    std::cout << "    " << name << seconds(x.seconds) << " (" << bytes(x.bytes_sent) << " sent, "
+              << fixed(x.calls, 0) << " calls)\n";
+  };
+  std::cout << "    compute " << seconds(t.compute_seconds) << " (" << fixed(t.flops / 1e12, 1)
+            << " TFLOP per GPU";
+  if (t.flops > t.model_flops)
+    std::cout << ", of which recomputation " << fixed((t.flops - t.model_flops) / 1e12, 1);
+  std::cout << ")\n";
+  axis("dp ", t.data);
+  axis("tp ", t.tensor);
+  axis("ep ", t.expert);
+  std::cout << "    step " << seconds(t.total_seconds()) << ", " << fixed(t.tokens_per_second(), 0)
+            << " tokens/s\n";
+  t.overlap = !overlap;
+  const double other = t.achieved_flops();
+  t.overlap = overlap;
+  std::cout << "  predicted " << tflops(t.achieved_flops()) << " per GPU"
+            << (overlap ? " (" + tflops(other) + " without overlap)"
+                        : " (" + tflops(other) + " with full overlap)");
+  if (s.paper_flops)
+    std::cout << "; paper: " << fixed(*s.paper_flops / 1e12, 1) << " TFLOP/s, ratio "
+              << fixed(t.achieved_flops() / *s.paper_flops, 2);
+  std::cout << "\n\n";
+  return disagree;
+}
+
+// GShard's sweep: per-device weights as devices and experts grow together.
+int print_gshard(const zest::training_precision& precision) {
+  std::cout << "GShard MoE (Lepikhin et al. 2020): experts over devices, one per device, 36 "
+               "layers, every other one with experts;\n"
+               "  the paper: 600B parameters at 2048 experts on 2048 TPU v3 cores, per-device "
+               "memory about constant as devices and experts grow\n"
+               "  assumed: model dim 1024, expert hidden 8192, 16 heads, vocab 32000, sequence "
+               "1024, top-2, capacity factor 1 (C = 2 S / E), 2 sequences per device; dp 1, ep = "
+               "devices; weights counted at 2 bytes, model states as mixed-precision Adam would "
+               "keep them (GShard used Adafactor)\n\n";
+  std::cout << "  " << pad("experts", 9) << pad("devices", 9) << pad("parameters", 12)
+            << pad("weights/device", 16) << pad("model states", 14) << pad("activations", 13)
+            << "paper\n";
+  int disagree = 0;
+  double first = 0, last = 0;
+  for (std::size_t e : {128U, 512U, 2048U}) {
+    zest::transformer_config c = zest::gpt_transformer("GShard", 36, 1024, 16, 32000, 1024);
+    c.position_table = false;
+    c.experts = e;
+    c.expert_hidden = 8192;
+    c.ffn_hidden = 8192;
+    c.top_k = 2;
+    zest::parallel_layout p;
+    p.ep = static_cast<int>(e);
+    p.micro_batch = 2;
+    const auto m = zest::plan_transformer(c, p, precision);
+    const double weights = static_cast<double>(m.local_parameters) * 2;
+    if (first == 0) first = weights;
+    last = weights;
+    std::string paper;
+    if (e == 2048) {
+      const double ratio = static_cast<double>(m.parameter_count) / 600e9;
+      const bool same = std::abs(ratio - 1) <= 0.05;
+      disagree += same ? 0 : 1;
+      paper = "600B, ratio " + fixed(ratio, 3) + (same ? " ✓" : " ✗");
+    }
+    std::cout << "  " << pad(std::to_string(e), 9) << pad(std::to_string(p.world()), 9)
+              << pad(count(m.parameter_count), 12) << pad(bytes(weights), 16)
+              << pad(bytes(static_cast<double>(m.states.memory.total())), 14)
+              << pad(bytes(m.activations.total()), 13) << paper << '\n';
+  }
+  std::cout << "  weights per device at 2048 / at 128 experts: " << fixed(last / first, 3)
+            << " (the router's [h, E] grows with E; all else stays)\n\n";
+  return disagree;
+}
+
+#if ZEST_HAS_BLAS
+// Single-thread sgemm, n = 1024: the median of 9 calls after one warmup, FLOP/s.
+double measure_sgemm() {
+  constexpr int n = 1024;
+  std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5F), b(a.size(), 0.25F), c(a.size());
+  std::vector<double> rates;
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    zest::host::blas::sgemm(zest::host::blas::row_major, zest::host::blas::no_trans,
+                            zest::host::blas::no_trans, n, n, n, 1.0F, a.data(), n, b.data(), n,
+                            0.0F, c.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i > 0) rates.push_back(2.0 * n * n * n / s);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   options o;
   try {
     o = parse(argc, argv);
+    if (o.transformer) zest::check_transformer(o.model, o.layout);
   } catch (const std::exception& e) {
     std::cerr << "plan: " << e.what() << "\n\n" << usage;
     return 2;
   }
+  if (o.measure_flops) {
+#if ZEST_HAS_BLAS
+    std::cout << "sgemm n = 1024, one thread: " << fixed(measure_sgemm() / 1e9, 2)
+              << " GFLOP/s (median of 9)\n";
+    return 0;
+#else
+    std::cerr << "plan: --measure-flops needs BLAS (this build has none)\n";
+    return 2;
+#endif
+  }
   const zest::training_precision& precision = o.fp32 ? zest::fp32_adam : zest::mixed_precision_adam;
 
-  std::cout
-      << "zest plan — ZeRO per-rank model-state memory and communication per step, from the "
-         "stages'\n"
-         "layouts; rank 0 of the data axis; decimal units (1 GB = 1e9 B) as in the ZeRO paper\n\n";
+  if (o.transformer) {
+    setup s;
+    s.title = "Transformer";
+    s.model = o.model;
+    s.layout = o.layout;
+    print_transformer(s, precision, o.cluster, o.overlap);
+    return 0;
+  }
+
+  std::cout << "zest plan — per-GPU memory and communication per step, from the layouts; rank 0 of "
+               "every axis;\n"
+               "decimal units (1 GB = 1e9 B) as in the ZeRO paper\n\n";
 
   std::vector<section> sections;
   const std::uint64_t paper_psi = 7'500'000'000ULL;
@@ -214,10 +613,6 @@ int main(int argc, char** argv) {
          zest::flat_model(paper_psi, "one flat parameter"),
          64,
          {}});
-    sections.push_back({"Turing-NLG-sized: Ψ = 17B, N_d = 256",
-                        zest::flat_model(17'000'000'000ULL, "one flat parameter"),
-                        256,
-                        {}});
     sections.push_back({"GPT-2 small, per-tensor splits (first dim, balanced blocks), N_d = 4",
                         zest::gpt_model(zest::gpt2_small, "GPT-2 small"),
                         4,
@@ -233,5 +628,58 @@ int main(int argc, char** argv) {
 
   int disagree = 0;
   for (const auto& s : sections) disagree += print_section(s, o, precision);
+  if (o.params || o.ranks) return disagree == 0 ? 0 : 1;
+
+  // The published setups, on the DGX-2 V100 cluster (zest/zero/cost_model.hpp).
+  const zest::cluster v100 = zest::dgx2_v100_cluster();
+  std::vector<setup> setups;
+  {
+    setup s;
+    s.title =
+        "Turing-NLG (Microsoft, February 2020): Megatron tensor slicing x ZeRO-1 data parallelism";
+    s.source =
+        "17B parameters, 78 layers, hidden 4256, 28 heads, TP 4 x DP 64 on 256 V100, batch 512; "
+        "41.4 TFLOP/s per GPU sustained (ZeRO paper, section 10.6)";
+    s.model = zest::gpt_transformer("Turing-NLG", 78, 4256, 28, 50257, 1024);
+    s.layout.dp = 64;
+    s.layout.tp = 4;
+    s.layout.zero_stage = 1;
+    s.layout.micro_batch = 8;
+    s.layout.recompute = zest::recomputation::full;
+    s.paper_parameters = 17e9;
+    s.paper_flops = 41.4e12;
+    s.device_memory = 32e9;
+    s.assumptions = {
+        "GPT-2's vocabulary (50257) and sequence (1024); 8 sequences per data rank "
+        "(512 / 64), no accumulation; Megatron's activation checkpointing (full "
+        "recomputation); tp inside a DGX-2 node, dp across nodes"};
+    setups.push_back(std::move(s));
+  }
+  {
+    setup s;
+    s.title = "ZeRO paper (Rajbhandari et al. 2020): 100B parameters on 400 V100 (25 DGX-2)";
+    s.source =
+        "ZeRO-DP P_os+g (stage 2) x Megatron model parallelism 16 within a node; 15 PFLOP/s, "
+        "38 TFLOP/s per GPU; 800 Gbps between nodes";
+    s.model = zest::gpt_transformer("ZeRO 100B", 125, 8192, 64, 50257, 1024);
+    s.layout.dp = 25;
+    s.layout.tp = 16;
+    s.layout.zero_stage = 2;
+    s.layout.micro_batch = 8;
+    s.layout.recompute = zest::recomputation::full;
+    s.layout.sequence_parallel = true;
+    s.paper_parameters = 100e9;
+    s.paper_flops = 38e12;
+    s.device_memory = 32e9;
+    s.assumptions = {
+        "125 layers of hidden 8192 (100B), 64 heads, vocabulary 50257, sequence 1024, "
+        "8 sequences per data rank; full recomputation with the checkpoints split "
+        "over the model-parallel GPUs (ZeRO-R's P_a; planned as sequence "
+        "parallelism, which moves the same bytes)"};
+    setups.push_back(std::move(s));
+  }
+  for (const auto& s : setups) disagree += print_transformer(s, precision, v100, false);
+  disagree += print_gshard(precision);
+  std::cout << "published check: " << (disagree == 0 ? "all figures agree" : "MISMATCH") << '\n';
   return disagree == 0 ? 0 : 1;
 }

@@ -1,0 +1,222 @@
+// zest/zero/cost_model.hpp — time of a training step from a cluster description: compute at
+// a fraction of the device's peak, and each collective of the layout priced by an alpha-beta
+// model on the link of its mesh axis.
+//
+//   zest::cluster v100 = zest::dgx2_v100_cluster();        // 125 TFLOP/s, NVSwitch, 800 Gbps
+//   auto t = zest::estimate_step(config, layout, v100);
+//   t.total_seconds(), t.achieved_flops() / 1e12          // TFLOP/s per GPU
+//
+// Collectives (n ranks, link latency alpha per message step, bandwidth beta in bytes/s per GPU
+// and direction, S the buffer of one rank):
+//   all-gather of S (the gathered buffer), reduce-scatter of S (the input):
+//                                      (n-1) alpha + (n-1)/n S / beta   (ring)
+//   all-reduce of S:                   2(n-1) alpha + 2(n-1)/n S / beta (ring: RS + AG)
+//   all-to-all of S (this rank's send buffer):
+//                                      (n-1) alpha + (n-1)/n S / beta   (pairwise exchange)
+// The bytes terms are what zest's communicators count as sent (docs/design-notes.md,
+// "Transitions"), so a plan's bytes sent per rank convert to time as sent / beta plus the
+// latency steps of its calls.
+//
+// A step (per GPU; T the tokens of a data rank per step, b s per micro-batch times the
+// accumulation; Psi the matrices a token meets, top_k experts each):
+//   compute   6 Psi T + 12 L T s h (q k^T and p v over the full s x s scores, fwd + bwd),
+//             expert matrices times the capacity factor (the experts compute all their
+//             slots), divided by tp; recomputation adds a forward: full, 2 Psi_layers T +
+//             4 L T s h; selective, 4 L T s h; all at efficiency x peak.
+//   dp        ZeRO's collectives from plan_zero's phases (per micro-batch: stage 3's gathers,
+//             stages 2-3's gradient reduce-scatter; per step: stages 0-1's gradient
+//             reduction and 1-2's all-gather of the updated parameters), one coalesced call
+//             per layer (and one for the rest) per phase, as the engine coalesces a group.
+//   tp        per layer and micro-batch 4 all-reduces of b s h activations (attention and MLP,
+//             forward and backward; 2 more under full recomputation), or with sequence
+//             parallelism the same bytes as all-gathers + reduce-scatters; the vocab-parallel
+//             embedding's forward and the head's backward (b s h each) and the cross
+//             entropy's max and sum (b s fp32 each); with sequence parallelism, the gradients
+//             of the weights replicated over tp (norms, biases) are all-reduced per step.
+//   ep        per expert layer and micro-batch 4 all-to-alls of the dispatched tokens
+//             (k c b s h; /tp with sequence parallelism; 2 more under full recomputation),
+//             and per step an all-reduce over ep of the gradients of the weights replicated
+//             over ep (every non-expert weight).
+// Overlap: none by default (the step is the sum); with `overlap` the communication hides
+// behind compute (the step is the larger of the two).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "zest/comm/communicator.hpp"
+#include "zest/zero/planner.hpp"
+#include "zest/zero/stage.hpp"
+#include "zest/zero/transformer_plan.hpp"
+
+namespace zest {
+
+struct axis_link {
+  double bandwidth = 1e9;  // bytes/s per GPU and direction
+  double latency = 1e-5;   // seconds per message step
+};
+
+struct cluster {
+  std::string name = "cluster";
+  double peak_flops = 1e12;  // per device
+  double efficiency = 0.5;   // share of the peak that the step's compute reaches
+  axis_link data{};          // the dp axis
+  axis_link tensor{};        // the tp axis
+  axis_link expert{};        // the ep axis
+};
+
+// DGX-2 nodes of 16 V100 (32 GB), as in the ZeRO paper's and Turing-NLG's runs: 125 TFLOP/s
+// fp16 tensor-core peak; within a node NVSwitch (150 GB/s per GPU and direction over its six
+// NVLink 2 links; 120 GB/s taken as what a ring reaches), across nodes 800 Gbps of
+// InfiniBand per node (8 x 100 Gbps) shared by its 16 GPUs: 6.25 GB/s each. tp and ep are
+// inside a node, dp across nodes. The latencies (5 us per NVSwitch step, 20 us across nodes)
+// and the efficiency are assumptions, printed with the figures.
+inline cluster dgx2_v100_cluster(double efficiency = 0.4) {
+  cluster c;
+  c.name = "DGX-2 V100";
+  c.peak_flops = 125e12;
+  c.efficiency = efficiency;
+  c.tensor = {120e9, 5e-6};
+  c.expert = c.tensor;
+  c.data = {800e9 / 8 / 16, 20e-6};
+  return c;
+}
+
+// Message steps of one call of a ring (or pairwise) collective over n ranks.
+constexpr double latency_steps(collective k, int n) {
+  const double m = n > 1 ? n - 1 : 0;
+  return k == collective::all_reduce ? 2 * m : m;
+}
+
+// Bytes one rank sends in a collective of its buffer S over n ranks.
+constexpr double bytes_sent(collective k, int n, double buffer_bytes) {
+  if (n <= 1) return 0;
+  const double share = static_cast<double>(n - 1) / n * buffer_bytes;
+  return k == collective::all_reduce ? 2 * share : share;
+}
+
+// The alpha-beta time of one collective of buffer S over n ranks on `l`.
+constexpr double collective_seconds(collective k, int n, double buffer_bytes, const axis_link& l) {
+  return latency_steps(k, n) * l.latency + bytes_sent(k, n, buffer_bytes) / l.bandwidth;
+}
+
+// What one mesh axis carries in a step.
+struct axis_traffic {
+  double bytes_sent = 0;
+  double calls = 0;
+  double seconds = 0;
+  void add(collective k, int n, double buffer_bytes, double count, const axis_link& l) {
+    if (n <= 1 || count <= 0) return;
+    bytes_sent += count * zest::bytes_sent(k, n, buffer_bytes);
+    calls += count;
+    seconds += count * collective_seconds(k, n, buffer_bytes, l);
+  }
+  // A plan's figure: `sent` bytes over `count` calls of kind k.
+  void add_sent(collective k, int n, double sent, double count, const axis_link& l) {
+    if (n <= 1 || count <= 0) return;
+    bytes_sent += sent;
+    calls += count;
+    seconds += count * latency_steps(k, n) * l.latency + sent / l.bandwidth;
+  }
+};
+
+struct step_estimate {
+  double flops = 0;        // per GPU, recomputation included
+  double model_flops = 0;  // per GPU, without recomputation
+  double compute_seconds = 0;
+  axis_traffic data, tensor, expert;
+  bool overlap = false;
+  double global_tokens = 0;  // per step
+
+  double communication_seconds() const { return data.seconds + tensor.seconds + expert.seconds; }
+  double total_seconds() const {
+    return overlap ? std::max(compute_seconds, communication_seconds())
+                   : compute_seconds + communication_seconds();
+  }
+  // Per GPU, counting the recomputed forward (what the device executes).
+  double achieved_flops() const { return flops / total_seconds(); }
+  double tokens_per_second() const { return global_tokens / total_seconds(); }
+};
+
+inline step_estimate estimate_step(const transformer_config& c, const parallel_layout& p,
+                                   const cluster& cl,
+                                   const training_precision& precision = mixed_precision_adam,
+                                   bool overlap = false) {
+  const transformer_memory plan = plan_transformer(c, p, precision);
+  step_estimate out;
+  out.overlap = overlap;
+  const double t = p.tp;
+  const double b = static_cast<double>(p.micro_batch), s = static_cast<double>(c.sequence);
+  const double h = static_cast<double>(c.hidden), l = static_cast<double>(c.layers);
+  const double micro = static_cast<double>(p.accumulation);
+  const double tokens = b * s * micro;  // of one data rank (dp x ep) per step
+  out.global_tokens = tokens * p.dp * p.ep;
+
+  // Compute.
+  const double dense =
+      static_cast<double>(plan.active_matmul_parameters - plan.active_expert_matmul_parameters);
+  const double experts =
+      static_cast<double>(plan.active_expert_matmul_parameters) * c.capacity_factor;
+  const double head = static_cast<double>(c.vocab) * h;
+  const double attention = 12 * l * tokens * s * h;
+  out.model_flops = (6 * (dense + experts) * tokens + attention) / t;
+  double extra = 0;
+  if (p.recompute == recomputation::full)
+    extra = 2 * (dense - head + experts) * tokens + attention / 3;
+  else if (p.recompute == recomputation::selective) extra = attention / 3;
+  out.flops = out.model_flops + extra / t;
+  out.compute_seconds = out.flops / (cl.peak_flops * cl.efficiency);
+
+  // dp: ZeRO's phases.
+  const double groups = l + 1;
+  const double e = static_cast<double>(precision.parameter_bytes);
+  for (zero_phase phase : zero_phases) {
+    const phase_traffic& pt = plan.states.of(phase);
+    const bool per_micro = phase == zero_phase::forward_gather ||
+                           phase == zero_phase::backward_gather ||
+                           (phase == zero_phase::gradient_reduction && p.zero_stage >= 2);
+    const double times = per_micro ? micro : 1;
+    for (std::size_t k = 0; k < collective_kinds; ++k) {
+      if (pt.calls[k] == 0) continue;
+      out.data.add_sent(static_cast<collective>(k), p.dp,
+                        times * static_cast<double>(pt.bytes_by[k]), times * groups, cl.data);
+    }
+  }
+
+  // tp: Megatron's activations, the vocabulary's, and (with SP) the replicated weights'.
+  const double activation = b * s * h * e;
+  const double per_layer = p.recompute == recomputation::full ? 6 : 4;
+  const double calls = per_layer * l * micro + 2 * micro;
+  if (p.sequence_parallel) {
+    out.tensor.add(collective::all_gather, p.tp, activation, calls, cl.tensor);
+    out.tensor.add(collective::reduce_scatter, p.tp, activation, calls, cl.tensor);
+  } else {
+    out.tensor.add(collective::all_reduce, p.tp, activation, calls, cl.tensor);
+  }
+  out.tensor.add(collective::all_reduce, p.tp, b * s * 4, 2 * micro, cl.tensor);
+  if (p.sequence_parallel) {
+    out.tensor.add(collective::all_reduce, p.tp,
+                   static_cast<double>(plan.tensor_replicated_parameters) *
+                       static_cast<double>(precision.gradient_bytes),
+                   1, cl.tensor);
+  }
+
+  // ep: the experts' all-to-alls and the replicated weights' gradients.
+  if (c.experts > 0) {
+    const double dispatched = static_cast<double>(c.top_k) * c.capacity_factor * b * s * h * e /
+                              (p.sequence_parallel ? t : 1.0);
+    const double per_moe = p.recompute == recomputation::full ? 6 : 4;
+    out.expert.add(collective::all_to_all, p.ep, dispatched,
+                   per_moe * static_cast<double>(c.moe_layers()) * micro, cl.expert);
+    out.expert.add(collective::all_reduce, p.ep,
+                   static_cast<double>(plan.local_parameters - plan.local_expert_parameters) *
+                       static_cast<double>(precision.gradient_bytes) / groups,
+                   groups, cl.expert);
+  }
+  return out;
+}
+
+}  // namespace zest
