@@ -85,7 +85,7 @@ constexpr std::string_view usage =
     "  --capacity-factor X slots per expert, times k tokens / E (default 1)\n"
     "\n"
     "The time model (defaults: DGX-2 V100, see zest/zero/cost_model.hpp):\n"
-    "  --peak-tflops X     per-device peak (default 125)\n"
+    "  --peak-tflops X     per-device peak (default 125; --peak-gflops X the same in GFLOP/s)\n"
     "  --efficiency X      share of the peak the compute reaches, in (0, 1] (default 0.4)\n"
     "  --dp-gbps X --tp-gbps X --ep-gbps X     link bandwidth per GPU, GB/s\n"
     "  --dp-latency-us X --tp-latency-us X --ep-latency-us X   per message step\n"
@@ -262,6 +262,9 @@ options parse(int argc, char** argv) {
     } else if (a == "--peak-tflops") {
       o.cluster.peak_flops = parse_real(a, value()) * 1e12;
       o.cluster.name = "given";
+    } else if (a == "--peak-gflops") {
+      o.cluster.peak_flops = parse_real(a, value()) * 1e9;
+      o.cluster.name = "given";
     } else if (a == "--efficiency") {
       o.cluster.efficiency = parse_real(a, value(), 1.0);
     } else if (a == "--dp-gbps") {
@@ -388,7 +391,15 @@ int print_section(const section& s, const options& o, const zest::training_preci
   return disagree;
 }
 
-std::string tflops(double flops) { return fixed(flops / 1e12, 1) + " TFLOP/s"; }
+// FLOP/s in TFLOP/s, or GFLOP/s under 1 TFLOP/s (this machine's CPUs).
+std::string tflops(double flops) {
+  return flops >= 1e12 ? fixed(flops / 1e12, 1) + " TFLOP/s" : fixed(flops / 1e9, 2) + " GFLOP/s";
+}
+
+// FLOPs in TFLOP, or GFLOP under 1 TFLOP.
+std::string flop_count(double flops) {
+  return flops >= 1e12 ? fixed(flops / 1e12, 1) + " TFLOP" : fixed(flops / 1e9, 2) + " GFLOP";
+}
 
 std::string seconds(double s) {
   if (s < 1e-3) return fixed(s * 1e6, 1) + " us";
@@ -477,10 +488,10 @@ int print_transformer(const setup& s, const zest::training_precision& precision,
     std::cout << "    " << name << seconds(x.seconds) << " (" << bytes(x.bytes_sent) << " sent, "
               << fixed(x.calls, 0) << " calls)\n";
   };
-  std::cout << "    compute " << seconds(t.compute_seconds) << " (" << fixed(t.flops / 1e12, 1)
-            << " TFLOP per GPU";
+  std::cout << "    compute " << seconds(t.compute_seconds) << " (" << flop_count(t.flops)
+            << " per GPU";
   if (t.flops > t.model_flops)
-    std::cout << ", of which recomputation " << fixed((t.flops - t.model_flops) / 1e12, 1);
+    std::cout << ", of which recomputation " << flop_count(t.flops - t.model_flops);
   std::cout << ")\n";
   axis("dp ", t.data);
   axis("tp ", t.tensor);
