@@ -419,6 +419,8 @@ struct setup {
   std::optional<double> paper_parameters;  // checked within 5 % (the papers round)
   std::optional<double> paper_flops;       // per GPU, printed beside the estimate
   std::optional<double> device_memory;     // bytes, for "fits"
+  std::optional<int> other_stage;          // model states under this stage too
+  std::string other_stage_why;
   std::vector<std::string> assumptions;
 };
 
@@ -468,6 +470,14 @@ int print_transformer(const setup& s, const zest::training_precision& precision,
             << ", gradients " << bytes(static_cast<double>(ms.gradients)) << ", optimizer "
             << bytes(static_cast<double>(ms.optimizer())) << ": "
             << bytes(static_cast<double>(ms.total())) << '\n';
+  if (s.other_stage) {
+    zest::parallel_layout q = p;
+    q.zero_stage = *s.other_stage;
+    const zest::transformer_memory o = zest::plan_transformer(c, q, precision);
+    std::cout << "    with ZeRO-" << q.zero_stage << " instead (" << s.other_stage_why
+              << "): model states " << bytes(static_cast<double>(o.states.memory.total()))
+              << ", memory per GPU " << bytes(o.total()) << '\n';
+  }
   const auto& a = m.activations;
   std::cout << "  activations per GPU   layers " << bytes(a.layers);
   if (a.working > 0) std::cout << ", the layer being recomputed " << bytes(a.working);
@@ -649,8 +659,9 @@ int main(int argc, char** argv) {
     s.title =
         "Turing-NLG (Microsoft, February 2020): Megatron tensor slicing x ZeRO-1 data parallelism";
     s.source =
-        "17B parameters, 78 layers, hidden 4256, 28 heads, TP 4 x DP 64 on 256 V100, batch 512; "
-        "41.4 TFLOP/s per GPU sustained (ZeRO paper, section 10.6)";
+        "17B parameters, 78 layers, hidden 4256, 28 heads, TP 4 x DP 64 on 256 V100, batch 512, "
+        "as the announcement is read here; 41.4 TFLOP/s per GPU sustained (ZeRO paper, "
+        "section 10.6)";
     s.model = zest::gpt_transformer("Turing-NLG", 78, 4256, 28, 50257, 1024);
     s.layout.dp = 64;
     s.layout.tp = 4;
@@ -660,6 +671,10 @@ int main(int argc, char** argv) {
     s.paper_parameters = 17e9;
     s.paper_flops = 41.4e12;
     s.device_memory = 32e9;
+    s.other_stage = 2;
+    s.other_stage_why =
+        "the ZeRO paper's section 10.6 says ZeRO-100B, P_os+g, trained it; DeepSpeed's "
+        "release of the time implemented stage 1";
     s.assumptions = {
         "GPT-2's vocabulary (50257) and sequence (1024); 8 sequences per data rank "
         "(512 / 64), no accumulation; Megatron's activation checkpointing (full "
@@ -670,8 +685,8 @@ int main(int argc, char** argv) {
     setup s;
     s.title = "ZeRO paper (Rajbhandari et al. 2020): 100B parameters on 400 V100 (25 DGX-2)";
     s.source =
-        "ZeRO-DP P_os+g (stage 2) x Megatron model parallelism 16 within a node; 15 PFLOP/s, "
-        "38 TFLOP/s per GPU; 800 Gbps between nodes";
+        "ZeRO-100B: ZeRO-DP P_os+g (stage 2) and ZeRO-R x Megatron model parallelism 16 within "
+        "a node; 15 PFLOP/s, 38 TFLOP/s per GPU; 800 Gbps between nodes (sections 10.1-10.2)";
     s.model = zest::gpt_transformer("ZeRO 100B", 125, 8192, 64, 50257, 1024);
     s.layout.dp = 25;
     s.layout.tp = 16;
@@ -683,7 +698,8 @@ int main(int argc, char** argv) {
     s.paper_flops = 38e12;
     s.device_memory = 32e9;
     s.assumptions = {
-        "125 layers of hidden 8192 (100B), 64 heads, vocabulary 50257, sequence 1024, "
+        "125 layers of hidden 8192 (100B; the paper's Table 4 has its configurations), 64 "
+        "heads, vocabulary 50257, sequence 1024, "
         "8 sequences per data rank; full recomputation with the checkpoints split "
         "over the model-parallel GPUs (ZeRO-R's P_a; planned as sequence "
         "parallelism, which moves the same bytes)"};

@@ -69,11 +69,12 @@ struct cluster {
 };
 
 // DGX-2 nodes of 16 V100 (32 GB), as in the ZeRO paper's and Turing-NLG's runs: 125 TFLOP/s
-// fp16 tensor-core peak; within a node NVSwitch (150 GB/s per GPU and direction over its six
-// NVLink 2 links; 120 GB/s taken as what a ring reaches), across nodes 800 Gbps of
-// InfiniBand per node (8 x 100 Gbps) shared by its 16 GPUs: 6.25 GB/s each. tp and ep are
-// inside a node, dp across nodes. The latencies (5 us per NVSwitch step, 20 us across nodes)
-// and the efficiency are assumptions, printed with the figures.
+// fp16 tensor-core peak; within a node NVSwitch (the ZeRO paper's 300 GB/s per link, both
+// directions: 150 GB/s per GPU and direction, of which a ring is taken to reach 120), across
+// nodes 800 Gbps of InfiniBand EDR per node (8 links of 12.5 GB/s) shared by its 16 GPUs:
+// 6.25 GB/s each. tp and ep are inside a node, dp across nodes. The latencies (5 us per
+// NVSwitch step, 20 us across nodes) and the efficiency are assumptions, printed with the
+// figures.
 inline cluster dgx2_v100_cluster(double efficiency = 0.4) {
   cluster c;
   c.name = "DGX-2 V100";
