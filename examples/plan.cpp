@@ -19,11 +19,14 @@
 #include <exception>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "zest/backend/host/blas.hpp"
@@ -89,8 +92,13 @@ constexpr std::string_view usage =
     "  --efficiency X      share of the peak the compute reaches, in (0, 1] (default 0.4)\n"
     "  --dp-gbps X --tp-gbps X --ep-gbps X     link bandwidth per GPU, GB/s\n"
     "  --dp-latency-us X --tp-latency-us X --ep-latency-us X   per message step\n"
+    "  --memory-gbps X     memory bandwidth for the activations' traffic, GB/s (default:\n"
+    "                      not modelled; a CPU's element-wise work is not hidden by GEMMs)\n"
+    "  --activation-passes X  times each activation byte is moved per step (default 3)\n"
     "  --overlap           communication hidden behind compute (default: none)\n"
-    "  --measure-flops     measure this machine's single-thread sgemm (n = 1024) and exit\n";
+    "  --measure-flops     measure this machine's single-thread sgemm (n = 1024) and exit;\n"
+    "                      with model flags also that model's products per rank and the\n"
+    "                      memory bandwidth, printed as the flags above\n";
 
 std::string fixed(double v, int digits);
 
@@ -279,6 +287,10 @@ options parse(int argc, char** argv) {
       latency(o.cluster.tensor);
     } else if (a == "--ep-latency-us") {
       latency(o.cluster.expert);
+    } else if (a == "--memory-gbps") {
+      o.cluster.memory_bandwidth = parse_real(a, value()) * 1e9;
+    } else if (a == "--activation-passes") {
+      o.cluster.activation_passes = parse_real(a, value());
     } else if (a == "--overlap") {
       o.overlap = true;
     } else if (a == "--measure-flops") {
@@ -503,6 +515,10 @@ int print_transformer(const setup& s, const zest::training_precision& precision,
   if (t.flops > t.model_flops)
     std::cout << ", of which recomputation " << flop_count(t.flops - t.model_flops);
   std::cout << ")\n";
+  if (t.memory_seconds > 0)
+    std::cout << "    activations' traffic " << seconds(t.memory_seconds) << " (at "
+              << fixed(cl.memory_bandwidth / 1e9, 2) << " GB/s, " << fixed(cl.activation_passes, 0)
+              << " passes)\n";
   axis("dp ", t.data);
   axis("tp ", t.tensor);
   axis("ep ", t.expert);
@@ -568,21 +584,127 @@ int print_gshard(const zest::training_precision& precision) {
 }
 
 #if ZEST_HAS_BLAS
-// Single-thread sgemm, n = 1024: the median of 9 calls after one warmup, FLOP/s.
-double measure_sgemm() {
-  constexpr int n = 1024;
-  std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5F), b(a.size(), 0.25F), c(a.size());
-  std::vector<double> rates;
-  for (int i = 0; i < 10; ++i) {
+// One shape of single-precision product: C[m, n] = op(A)[m, k] op(B)[k, n], `calls` of them
+// per step.
+struct gemm_shape {
+  int m, n, k;
+  bool trans_a, trans_b;
+  double calls;
+  double flops() const { return 2.0 * m * n * k * calls; }
+  bool operator<(const gemm_shape& o) const {
+    return std::tie(m, n, k, trans_a, trans_b) < std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b);
+  }
+};
+
+// Seconds per call of one shape (single thread): the median of repetitions over at least
+// 0.1 s, after one warmup.
+double time_gemm(const gemm_shape& g) {
+  namespace blas = zest::host::blas;
+  const auto size = [](int r, int c) { return static_cast<std::size_t>(r) * c; };
+  std::vector<float> a(size(g.m, g.k), 0.5F), b(size(g.k, g.n), 0.25F), c(size(g.m, g.n));
+  const int lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n;
+  auto once = [&] {
+    blas::sgemm(blas::row_major, g.trans_a ? blas::trans : blas::no_trans,
+                g.trans_b ? blas::trans : blas::no_trans, g.m, g.n, g.k, 1.0F, a.data(), lda,
+                b.data(), ldb, 0.0F, c.data(), g.n);
+  };
+  once();
+  std::vector<double> times;
+  double total = 0;
+  while (times.size() < 5 || total < 0.1) {
     const auto t0 = std::chrono::steady_clock::now();
-    zest::host::blas::sgemm(zest::host::blas::row_major, zest::host::blas::no_trans,
-                            zest::host::blas::no_trans, n, n, n, 1.0F, a.data(), n, b.data(), n,
-                            0.0F, c.data(), n);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (i > 0) rates.push_back(2.0 * n * n * n / s);
+    once();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    times.push_back(t);
+    total += t;
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// The matrix products of one training step on one GPU (rank) of a dense transformer: each
+// weight's forward product, its input gradient and its weight gradient over the T tokens of a
+// micro-batch, and per sequence and head the attention's two forward and four backward
+// products; times the micro-batches.
+std::vector<gemm_shape> model_gemms(const zest::transformer_config& c,
+                                    const zest::parallel_layout& p) {
+  const zest::transformer_plan_mesh mesh({p.dp, p.tp, p.ep});
+  const int t = static_cast<int>(p.micro_batch * c.sequence);
+  const double micro = static_cast<double>(p.accumulation);
+  std::map<gemm_shape, double> calls;
+  for (const auto& w : zest::place_weights(c, mesh)) {
+    if (!w.matmul) continue;
+    int in = static_cast<int>(w.local.extents[0]), out = static_cast<int>(w.local.extents[1]);
+    if (w.global.name == "wte") std::swap(in, out);  // the tied head: x [T, h] wte^T [h, V]
+    calls[{t, out, in, false, false, 0}] += micro;   // y = x w
+    calls[{t, in, out, false, true, 0}] += micro;    // dx = dy w^T
+    calls[{in, out, t, true, false, 0}] += micro;    // dw = x^T dy
+  }
+  const int s = static_cast<int>(c.sequence), d = static_cast<int>(c.head_dim());
+  const double heads =
+      static_cast<double>(p.micro_batch * c.heads / static_cast<std::size_t>(p.tp));
+  const double per_layer = heads * static_cast<double>(c.layers) * micro;
+  calls[{s, s, d, false, true, 0}] += per_layer;   // q k^T
+  calls[{s, d, s, false, false, 0}] += per_layer;  // p v
+  calls[{s, s, d, false, true, 0}] += per_layer;   // dp = do v^T
+  calls[{s, d, s, true, false, 0}] += per_layer;   // dv = p^T do
+  calls[{s, d, s, false, false, 0}] += per_layer;  // dq = ds k
+  calls[{s, d, s, true, false, 0}] += per_layer;   // dk = ds^T q
+  std::vector<gemm_shape> out;
+  for (const auto& [shape, n] : calls) {
+    gemm_shape g = shape;
+    g.calls = n;
+    out.push_back(g);
+  }
+  return out;
+}
+
+// Bytes/s of streaming over a buffer larger than the caches: a write pass and a
+// read-modify-write pass over 64 MiB of floats, as element-wise kernels move activations.
+double measure_memory_bandwidth() {
+  std::vector<float> x(std::size_t{16} << 20, 1.0F);
+  std::vector<double> rates;
+  for (int r = 0; r < 6; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::fill(x.begin(), x.end(), static_cast<float>(r));
+    for (float& v : x) v = v * 0.5F + 1.0F;
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) rates.push_back(3.0 * static_cast<double>(x.size() * sizeof(float)) / sec);
   }
   std::sort(rates.begin(), rates.end());
+  if (x[12345] < 0) std::cout << "";  // keeps the passes
   return rates[rates.size() / 2];
+}
+
+// --measure-flops: this machine's sgemm at n = 1024; with a model, the FLOP rate of that
+// model's own products and the memory bandwidth, as the time model's flags.
+int measure(const options& o) {
+  const double peak = time_gemm({1024, 1024, 1024, false, false, 1});
+  const double peak_rate = 2.0 * 1024 * 1024 * 1024 / peak;
+  std::cout << "sgemm n = 1024, one thread: " << fixed(peak_rate / 1e9, 2) << " GFLOP/s\n";
+  if (!o.transformer) return 0;
+  if (o.model.experts > 0) {
+    std::cerr << "plan: --measure-flops times the products of dense models only\n";
+    return 2;
+  }
+  double flops = 0, seconds = 0;
+  for (const auto& g : model_gemms(o.model, o.layout)) {
+    const double t = time_gemm(g);
+    flops += g.flops();
+    seconds += t * g.calls;
+    std::cout << "  " << g.m << " x " << g.n << " x " << g.k << (g.trans_a ? " A^T" : "")
+              << (g.trans_b ? " B^T" : "") << ", " << fixed(g.calls, 0)
+              << " per step: " << fixed(2.0 * g.m * g.n * g.k / t / 1e9, 2) << " GFLOP/s\n";
+  }
+  const double rate = flops / seconds;
+  const double memory = measure_memory_bandwidth();
+  std::cout << "this model's products: " << fixed(rate / 1e9, 2) << " GFLOP/s, efficiency "
+            << fixed(rate / peak_rate, 4) << " of the sgemm\n"
+            << "memory: " << fixed(memory / 1e9, 3) << " GB/s\n"
+            << "flags: --peak-gflops " << fixed(peak_rate / 1e9, 3) << " --efficiency "
+            << fixed(std::min(1.0, rate / peak_rate), 4) << " --memory-gbps "
+            << fixed(memory / 1e9, 3) << '\n';
+  return 0;
 }
 #endif
 
@@ -599,9 +721,7 @@ int main(int argc, char** argv) {
   }
   if (o.measure_flops) {
 #if ZEST_HAS_BLAS
-    std::cout << "sgemm n = 1024, one thread: " << fixed(measure_sgemm() / 1e9, 2)
-              << " GFLOP/s (median of 9)\n";
-    return 0;
+    return measure(o);
 #else
     std::cerr << "plan: --measure-flops needs BLAS (this build has none)\n";
     return 2;

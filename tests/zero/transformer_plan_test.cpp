@@ -241,6 +241,23 @@ TEST_CASE("cost model: a data-parallel step by hand") {
   const auto t3 = estimate_step(c, p, cl, fp32_adam);
   CHECK(t3.data.bytes_sent == doctest::Approx(3 * 2 * psi).epsilon(0.05));
   CHECK(t3.flops - t3.model_flops == 2 * (matrices - 16 * 8) * tokens + 4 * 2 * tokens * 4 * 8);
+  CHECK(t3.memory_seconds == 0);
+  // With a memory bandwidth: the activations forward produces (2 layers counted with e = 4
+  // and m = 1: norm region 18 s b h, q k v and projection input 16 s b h, MLP 2 e s b f =
+  // 32 s b h, scores 9 a s^2 b; the outside 9 s b h + 4 s b V), 3 passes, one more under full
+  // recomputation.
+  cl.memory_bandwidth = 1e6;
+  parallel_layout kept = p;
+  kept.recompute = recomputation::none;
+  const double produced = transformer_activation_bytes(c, kept, 4).total();
+  CHECK(produced == 2 * (64 * (18 + 16 + 32) + 9 * 2 * 4 * 4 * 2) + 9 * 64 + 4 * 8 * 16);
+  CHECK(produced == 10688);
+  CHECK(estimate_step(c, p, cl, fp32_adam).memory_seconds == doctest::Approx(produced * 4 / 1e6));
+  p.recompute = recomputation::none;
+  const auto tm = estimate_step(c, p, cl, fp32_adam);
+  CHECK(tm.memory_seconds == doctest::Approx(produced * 3 / 1e6));
+  CHECK(tm.total_seconds() ==
+        doctest::Approx(tm.compute_seconds + tm.memory_seconds + tm.data.seconds));
 }
 
 TEST_CASE("cost model: Megatron's tensor-parallel collectives, with and without SP") {

@@ -23,6 +23,11 @@
 //             expert matrices times the capacity factor (the experts compute all their
 //             slots), divided by tp; recomputation adds a forward: full, 2 Psi_layers T +
 //             4 L T s h; selective, 4 L T s h; all at efficiency x peak.
+//   memory    where the cluster gives a memory bandwidth (a CPU, whose element-wise work and
+//             fresh pages are not hidden behind its GEMMs): the activations forward
+//             produces (transformer_activation_bytes without recomputation, per micro-batch)
+//             moved `activation_passes` times (3: written in forward, read in backward,
+//             their gradients written; one more under full recomputation) at that bandwidth.
 //   dp        ZeRO's collectives from plan_zero's phases (per micro-batch: stage 3's gathers,
 //             stages 2-3's gradient reduce-scatter; per step: stages 0-1's gradient
 //             reduction and 1-2's all-gather of the updated parameters), one coalesced call
@@ -61,11 +66,13 @@ struct axis_link {
 
 struct cluster {
   std::string name = "cluster";
-  double peak_flops = 1e12;  // per device
-  double efficiency = 0.5;   // share of the peak that the step's compute reaches
-  axis_link data{};          // the dp axis
-  axis_link tensor{};        // the tp axis
-  axis_link expert{};        // the ep axis
+  double peak_flops = 1e12;      // per device
+  double efficiency = 0.5;       // share of the peak that the step's compute reaches
+  double memory_bandwidth = 0;   // bytes/s for the activations' traffic; 0: not modelled
+  double activation_passes = 3;  // times each activation byte is moved per step
+  axis_link data{};              // the dp axis
+  axis_link tensor{};            // the tp axis
+  axis_link expert{};            // the ep axis
 };
 
 // DGX-2 nodes of 16 V100 (32 GB), as in the ZeRO paper's and Turing-NLG's runs: 125 TFLOP/s
@@ -125,17 +132,18 @@ struct axis_traffic {
 };
 
 struct step_estimate {
-  double flops = 0;        // per GPU, recomputation included
-  double model_flops = 0;  // per GPU, without recomputation
-  double compute_seconds = 0;
+  double flops = 0;            // per GPU, recomputation included
+  double model_flops = 0;      // per GPU, without recomputation
+  double compute_seconds = 0;  // the matrix products at efficiency x peak
+  double memory_seconds = 0;   // the activations' traffic (cluster::memory_bandwidth)
   axis_traffic data, tensor, expert;
   bool overlap = false;
   double global_tokens = 0;  // per step
 
   double communication_seconds() const { return data.seconds + tensor.seconds + expert.seconds; }
   double total_seconds() const {
-    return overlap ? std::max(compute_seconds, communication_seconds())
-                   : compute_seconds + communication_seconds();
+    return overlap ? std::max(compute_seconds + memory_seconds, communication_seconds())
+                   : compute_seconds + memory_seconds + communication_seconds();
   }
   // Per GPU, counting the recomputed forward (what the device executes).
   double achieved_flops() const { return flops / total_seconds(); }
@@ -170,6 +178,16 @@ inline step_estimate estimate_step(const transformer_config& c, const parallel_l
   else if (p.recompute == recomputation::selective) extra = attention / 3;
   out.flops = out.model_flops + extra / t;
   out.compute_seconds = out.flops / (cl.peak_flops * cl.efficiency);
+  if (cl.memory_bandwidth > 0) {
+    parallel_layout kept = p;
+    kept.recompute = recomputation::none;
+    const double produced =
+        transformer_activation_bytes(c, kept, static_cast<double>(precision.parameter_bytes))
+            .total() *
+        micro;
+    const double passes = cl.activation_passes + (p.recompute == recomputation::full ? 1.0 : 0.0);
+    out.memory_seconds = produced * passes / cl.memory_bandwidth;
+  }
 
   // dp: ZeRO's phases.
   const double groups = l + 1;
