@@ -25,6 +25,7 @@
 #include <string>
 
 #include "train_gpt.hpp"
+#include "train_gpt_llama.hpp"
 #include "zest/report/svg_plot.hpp"
 
 // The runs themselves, one translation unit per precision (train_gpt_fp32.cpp, ...): this
@@ -36,6 +37,13 @@ extern template int train_with_precision<cpu_mesh, zest::bfloat16>(const flags&,
                                                                    const zest::text_dataset&);
 extern template int train_with_precision<cpu_mesh, zest::float16>(const flags&, const cpu_mesh&,
                                                                   const zest::text_dataset&);
+// --arch llama: train_gpt_llama_fp32.cpp, ...
+extern template int train_with_precision<cpu_mesh, float, llama_arch>(const flags&, const cpu_mesh&,
+                                                                      const zest::text_dataset&);
+extern template int train_with_precision<cpu_mesh, zest::bfloat16, llama_arch>(
+    const flags&, const cpu_mesh&, const zest::text_dataset&);
+extern template int train_with_precision<cpu_mesh, zest::float16, llama_arch>(
+    const flags&, const cpu_mesh&, const zest::text_dataset&);
 
 // The policy-independent parts of a run (declared in train_gpt.hpp).
 
@@ -145,6 +153,10 @@ inline const std::vector<option>& options() {
   constexpr auto i64max = std::numeric_limits<std::int64_t>::max();
   constexpr auto dmax = std::numeric_limits<double>::max();
   static const std::vector<option> table = {
+      choice_option("--arch", "A", &zf::arch, {"gpt", "llama"},
+                    "gpt: GPT-2 (LayerNorm, GELU MLP, learned positions, biases);\n"
+                    "llama: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention,\n"
+                    "no biases (examples/llama.hpp)"),
       number_option<int>("--zero", "N", &zf::zero, 0, 3, "ZeRO stage: 0 (DDP), 1, 2 or 3"),
       number_option<std::int64_t>("--steps", "N", &zf::steps, 0, i64max,
                                   "train until step N, counted from the start of training"),
@@ -163,6 +175,18 @@ inline const std::vector<option>& options() {
                                  "model width, a multiple of --heads"),
       number_option<std::size_t>("--layers", "N", &zf::layers, 1, max_layers, "transformer blocks"),
       number_option<std::size_t>("--heads", "N", &zf::heads, 1, max_extent, "attention heads"),
+      number_option<std::size_t>("--kv-heads", "N", &zf::kv_heads, 1, max_extent,
+                                 "--arch llama: key/value heads, dividing --heads\n"
+                                 "(grouped-query attention; 1: multi-query)",
+                                 false, false, "--heads"),
+      number_option<std::size_t>("--hidden", "N", &zf::hidden, 1, max_extent,
+                                 "--arch llama: the SwiGLU MLP's hidden width", false, false,
+                                 "8/3 --width rounded up to a multiple of 32"),
+      switch_option("--tie-head", &zf::tie_head,
+                    "--arch llama: the output head is the token embedding's table\n"
+                    "(without it, a head of its own)"),
+      number_option<double>("--rope-base", "X", &zf::rope_base, 0, dmax,
+                            "--arch llama: RoPE's base (theta)", true),
       number_option<double>("--lr", "X", &zf::lr, 0, dmax,
                             "peak learning rate (warmup, then cosine to --min-lr)", true),
       number_option<double>("--min-lr", "X", &zf::min_lr, 0, dmax,
@@ -225,7 +249,8 @@ std::string usage() {
   std::string u =
       "usage: train_gpt [options]   (under mpiexec -n N for N data-parallel ranks)\n"
       "\n"
-      "Trains a byte-level GPT on /usr/share/common-licenses (or --corpus) with ZeRO.\n"
+      "Trains a byte-level GPT (or, with --arch llama, a Llama-style decoder) on\n"
+      "/usr/share/common-licenses (or --corpus) with ZeRO.\n"
       "Every option is checked before the run starts: a value out of its range, an output\n"
       "that cannot be written or a model this machine's memory cannot hold is refused.\n"
       "\n";
@@ -288,6 +313,12 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
             << data.vocab_size() << " (padded " << vocab << "), ZeRO-" << f.zero << ", "
             << f.precision << ", " << mesh << ", batch " << f.batch << " x " << f.context
             << " tokens"
+            << (f.arch == "llama"
+                    ? ", llama: " + std::to_string(f.kv_heads) + " kv heads of " +
+                          std::to_string(f.heads) + ", SwiGLU hidden " + std::to_string(f.hidden) +
+                          (f.tie_head ? ", tied head" : ", untied head") + ", RoPE base " +
+                          zest::report::format_number(f.rope_base, 6)
+                    : std::string())
             << (f.moe
                     ? ", MoE " + std::to_string(f.experts) + " experts top-" +
                           std::to_string(f.top_k) + " in " + std::to_string(moe_layers) + " layers"
@@ -311,6 +342,7 @@ zest::report::training_log start_log(const flags& f, std::size_t vocab, const st
     log.drop_steps_after(step);
   }
   log.set("config", config_json(f, vocab));
+  log.set("arch", f.arch);
   log.set("schedule", schedule_json(schedule_of(f)));
   log.set("zero_stage", static_cast<std::int64_t>(f.zero));
   log.set("precision", f.precision);
@@ -438,7 +470,8 @@ void finish_run(const flags& f, zest::report::training_log& log, const std::stri
       }
     }
     zest::report::plot_options po;
-    po.title = "train_gpt: ZeRO-" + std::to_string(f.zero) + ", " + mesh;
+    po.title = "train_gpt: " + (f.arch == "gpt" ? std::string() : f.arch + ", ") + "ZeRO-" +
+               std::to_string(f.zero) + ", " + mesh;
     po.y_label = "loss (nats)";
     po.reference_lines.push_back({"unigram entropy", entropy});
     std::vector<zest::report::series> curves{loss};
@@ -516,6 +549,20 @@ void check_run(const flags& f, int world, int ranks_here) {
     fail("--loss-scale applies to --precision fp16 (this run is " + f.precision + ")");
   if (f.device == "cuda" && f.precision == "fp16")
     fail("--device cuda trains in fp32 or bf16 (--precision fp16 runs on the CPU)");
+  if (f.arch == "gpt") {
+    for (const char* o : {"--kv-heads", "--hidden", "--tie-head", "--rope-base"})
+      if (f.was_given(o)) fail(std::string(o) + " applies to --arch llama only");
+  } else {
+    if (f.moe) fail("--moe applies to --arch gpt (the llama decoder has no expert layers)");
+    if (f.device == "cuda") fail("--arch llama trains on the CPU (--device cpu)");
+    if (f.kv_heads != 0 && f.heads % f.kv_heads != 0)
+      fail("--kv-heads " + std::to_string(f.kv_heads) + " does not divide --heads " +
+           std::to_string(f.heads));
+    if (f.width % f.heads == 0 && (f.width / f.heads) % 2 != 0)
+      fail("--arch llama: the head dim --width " + std::to_string(f.width) + " / --heads " +
+           std::to_string(f.heads) + " = " + std::to_string(f.width / f.heads) +
+           " is odd; RoPE rotates pairs of dims");
+  }
   if (!f.moe) {
     for (const char* o : {"--experts", "--top-k", "--capacity-factor", "--aux-weight", "--ep"})
       if (f.was_given(o)) fail(std::string(o) + " applies to --moe runs only");
@@ -557,6 +604,15 @@ memory_need estimate_memory(const flags& f, std::array<int, 2> sizes) {
   // two blocks, and take the model of `layers` blocks from them (the largest byte vocabulary,
   // 256, stands for the corpus's, not read yet).
   const auto plan_of = [&](std::size_t layers) {
+    if (f.arch == "llama") {
+      flags g = f;
+      g.layers = layers;
+      resolve_arch(g);
+      return static_cast<double>(
+          zest::plan_zero(f.zero, llama_example::llama_shape(llama_options_of(g, 256)), mesh,
+                          precision)
+              .memory.total());
+    }
     zest::gpt_config c;
     c.vocab = 256;
     c.context = f.context;
@@ -591,9 +647,16 @@ memory_need estimate_memory(const flags& f, std::array<int, 2> sizes) {
   // their gradients in backward.
   const double tokens = std::ceil(static_cast<double>(f.batch) / (sizes[0] * sizes[1])) *
                         static_cast<double>(f.context);
-  double per_token =
-      layers * (18 * w + 2 * static_cast<double>(f.heads) * static_cast<double>(f.context)) +
-      3 * 256;
+  // llama: the block's input, two norms, q, k, v and their rotations, the attention output
+  // and projection (about 10 widths at most), and the SwiGLU's gate, up, silu and product.
+  const double per_block_widths =
+      f.arch == "llama"
+          ? 10 * w + 4 * static_cast<double>(f.hidden == 0 ? llama_example::default_hidden(f.width)
+                                                           : f.hidden)
+          : 18 * w;
+  double per_token = layers * (per_block_widths +
+                               2 * static_cast<double>(f.heads) * static_cast<double>(f.context)) +
+                     3 * 256;
   if (f.moe) per_token += moe_layers * 2 * hidden * f.top_k * f.capacity_factor;
   m.activations = 2 * 4 * tokens * per_token;
   // Every parameter tensor's bookkeeping (names, shards, Adam state, buffers): about 1 KiB.
@@ -626,6 +689,12 @@ void check_memory(const flags& f, std::array<int, 2> sizes, int ranks_here) {
        std::to_string(ranks_here) + (ranks_here == 1 ? " rank" : " ranks") +
        " on this machine, more than its " + format_bytes(available) + " of memory; the most is " +
        culprit);
+}
+
+void resolve_arch(flags& f) {
+  if (f.arch != "llama") return;
+  if (f.kv_heads == 0) f.kv_heads = f.heads;
+  if (f.hidden == 0) f.hidden = llama_example::default_hidden(f.width);
 }
 
 void resolve_schedule(flags& f, const zest::json::value* saved, bool root) {
@@ -709,6 +778,7 @@ int main(int argc, char** argv) {
     // Everything that can be checked before the work: the options, the outputs, the memory,
     // and the checkpoint's manifest and schedule.
     check_run(f, world, ranks_here);
+    resolve_arch(f);
     std::optional<zest::io::checkpoint_info> resumed;
     if (!f.load.empty()) resumed = zest::io::read_checkpoint_info(f.load);
     const zest::json::value* saved_schedule = nullptr;
@@ -721,7 +791,8 @@ int main(int argc, char** argv) {
     const auto data = f.corpus.empty() ? zest::text_dataset::from_path()
                                        : zest::text_dataset::from_path(f.corpus);
     if (f.device == "cuda") return train_on_cuda(f, data, sizes);
-    return train_on<cpu_mesh, zest::float16>(f, data, sizes);
+    if (f.arch == "llama") return train_on<cpu_mesh, llama_arch, zest::float16>(f, data, sizes);
+    return train_on<cpu_mesh, gpt_arch, zest::float16>(f, data, sizes);
   } catch (const std::exception& e) {
     // An error that only this rank saw (a bad token id in its shard, a full disk) would
     // leave the others waiting in a collective: take the whole job down, but only once

@@ -1,6 +1,8 @@
-// train_gpt.hpp — the training run of examples/train_gpt, for any mesh type: flags, the
-// loop, logs and the sample. train_gpt.cpp runs it on a zest::mesh (CPU) and, with
-// --device cuda, through train_gpt_cuda.cu on a zest::cuda_mesh; the code is the same.
+// train_gpt.hpp — the training run of examples/train_gpt, for any mesh type and model: flags,
+// the loop, logs and the sample. train_gpt.cpp runs it on a zest::mesh (CPU) and, with
+// --device cuda, through train_gpt_cuda.cu on a zest::cuda_mesh; the code is the same. The
+// model is zest::gpt (--arch gpt) or examples/llama.hpp's decoder (--arch llama, through
+// train_gpt_llama.hpp).
 #pragma once
 
 #include <mpi.h>
@@ -78,6 +80,12 @@ struct flags {
   double capacity_factor = 1.25;
   double aux_weight = 0.01;
   int ep = 0;  // 0: as many as the experts and ranks allow
+  // The model: gpt (zest::gpt) or llama (examples/llama.hpp).
+  std::string arch = "gpt";
+  std::size_t kv_heads = 0;  // llama: 0 on the command line: --heads (resolve_arch)
+  std::size_t hidden = 0;    // llama: 0 on the command line: llama_example::default_hidden
+  bool tie_head = false;
+  double rope_base = 10000.0;
 
   std::vector<std::string> given;  // the options on the command line
   bool was_given(std::string_view option) const {
@@ -123,6 +131,13 @@ inline zest::json::value config_json(const flags& f, std::size_t vocab) {
     c.emplace_back("experts", static_cast<std::int64_t>(f.experts));
     c.emplace_back("top_k", static_cast<std::int64_t>(f.top_k));
   }
+  if (f.arch != "gpt") {
+    c.emplace_back("arch", f.arch);
+    c.emplace_back("kv_heads", static_cast<std::int64_t>(f.kv_heads));
+    c.emplace_back("hidden", static_cast<std::int64_t>(f.hidden));
+    c.emplace_back("tied_head", f.tie_head);
+    c.emplace_back("rope_base", f.rope_base);
+  }
   return c;
 }
 
@@ -167,6 +182,11 @@ memory_need estimate_memory(const flags& f, std::array<int, 2> sizes);
 // `ranks_here` times the need exceeds the machine's memory (RAM, or the cgroup's limit).
 void check_memory(const flags& f, std::array<int, 2> sizes, int ranks_here);
 
+// --arch llama: sets --kv-heads (default --heads) and --hidden (default
+// llama_example::default_hidden) where not given, so that the log and the checkpoint's config
+// hold the model's figures.
+void resolve_arch(flags& f);
+
 // Sets the schedule's length (--schedule-steps, default --steps) and, when resuming, takes
 // the checkpoint's schedule (`saved`: its metadata config's "schedule", or nullptr) for the
 // options not given; a given one that differs is refused unless --new-schedule, which
@@ -204,7 +224,32 @@ void finish_run(const flags& f, zest::report::training_log& log, const std::stri
                 double last_loss, double entropy, std::int64_t trained, double seconds,
                 double tokens_per_step, const std::string& sample);
 
-template <class P>
+// The model of a run, by --arch: the model type for a policy, its options from the flags,
+// and whether it has expert layers (--moe). llama_arch is defined in train_gpt_llama.hpp, and
+// its runs are compiled in train_gpt_llama_<precision>.cpp only.
+struct gpt_arch {
+  template <class P>
+  using model = zest::gpt<P>;
+  static constexpr bool has_experts = true;
+  static zest::gpt_options options(const flags& f, std::size_t vocab) {
+    zest::gpt_options go;
+    go.vocab = vocab;
+    go.context = f.context;
+    go.width = f.width;
+    go.layers = f.layers;
+    go.heads = f.heads;
+    go.dropout = f.dropout;
+    go.moe = f.moe;
+    go.experts = f.experts;
+    go.gating.top_k = f.top_k;
+    go.gating.capacity_factor = f.capacity_factor;
+    go.aux_weight = f.aux_weight;
+    return go;
+  }
+};
+struct llama_arch;
+
+template <class P, class Arch>
 int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_dataset& data) {
   using mesh_t = typename P::mesh_type;
   // Model states live where the mesh's backend keeps its buffers (host or device memory).
@@ -216,22 +261,11 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   zo.initial_loss_scale = f.loss_scale;
   zest::zero_engine<P> engine(mesh, zo);
 
-  zest::gpt_options go;
-  go.vocab = padded_vocab(data.vocab_size());
-  go.context = f.context;
-  go.width = f.width;
-  go.layers = f.layers;
-  go.heads = f.heads;
-  go.dropout = f.dropout;
-  go.moe = f.moe;
-  go.experts = f.experts;
-  go.gating.top_k = f.top_k;
-  go.gating.capacity_factor = f.capacity_factor;
-  go.aux_weight = f.aux_weight;
+  const std::size_t vocab = padded_vocab(data.vocab_size());
   // Before the model: the sampler checks that the text holds a sequence of the context.
   zest::batch_sampler sampler(data.train(), f.batch, f.context, f.seed);
   const std::int64_t before_model = memory.live.load();
-  zest::gpt<P> model(engine, go);
+  typename Arch::template model<P> model(engine, Arch::options(f, vocab));
   const std::int64_t model_state_bytes = memory.live.load() - before_model;
   const auto params = engine.parameter_count();
 
@@ -258,8 +292,10 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
       model.shape(), mesh,
       std::is_same_v<typename P::param_type, float> ? zest::fp32_adam : zest::mixed_precision_adam);
   const std::string described = mesh.describe();
+  std::size_t moe_layers = 0;
+  if constexpr (Arch::has_experts) moe_layers = model.moe_layer_count();
   if (root && !f.quiet) {
-    print_header(f, data, go.vocab, params, described, model.moe_layer_count(), model_state_bytes,
+    print_header(f, data, vocab, params, described, moe_layers, model_state_bytes,
                  static_cast<double>(plan.memory.total()), entropy);
   }
 
@@ -280,9 +316,11 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     seconds += r.seconds;
     ++trained;
     moe_figures moe;
-    if (f.moe) {
-      auto m = model.last_moe_report();
-      moe = {m.nll, m.aux_loss, m.dropped_fraction, std::move(m.tokens_per_expert)};
+    if constexpr (Arch::has_experts) {
+      if (f.moe) {
+        auto m = model.last_moe_report();
+        moe = {m.nll, m.aux_loss, m.dropped_fraction, std::move(m.tokens_per_expert)};
+      }
     }
     const moe_figures* moe_if = f.moe ? &moe : nullptr;
     log.add_step(step_record(step, r, tokens_per_step, P::loss_scaling, moe_if));
@@ -340,7 +378,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
       const auto logits = model.logits(t, in);
       engine.discard_forward();
       const auto all = zest::to_global(logits.value());  // [rows, len, vocab] on every rank
-      ids.push_back(draw_next(all, (len - 1) * go.vocab, data.vocab_size(), rng));
+      ids.push_back(draw_next(all, (len - 1) * vocab, data.vocab_size(), rng));
     }
     sample = data.decode(ids);
   }
@@ -351,27 +389,31 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   return 0;
 }
 
-template <class Mesh, class Param>
+template <class Mesh, class Param, class Arch = gpt_arch>
 int train_with_precision(const flags& f, const Mesh& mesh, const zest::text_dataset& data) {
   return zest::with_zero_stage(f.zero, [&](auto stage) {
-    return train<zest::training_policy<Mesh, decltype(stage), Param>>(f, mesh, data);
+    return train<zest::training_policy<Mesh, decltype(stage), Param>, Arch>(f, mesh, data);
   });
 }
 
-// The mesh over all ranks ("dp" x "ep" = sizes) and the run in the precision asked for.
-template <class Mesh, class... Precisions>
+// The mesh over all ranks ("dp" x "ep" = sizes) and the run of the model in the precision
+// asked for.
+template <class Mesh, class Arch, class... Precisions>
 int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 2> sizes) {
   const Mesh mesh(MPI_COMM_WORLD, sizes);
-  if (f.precision == "bf16") return train_with_precision<Mesh, zest::bfloat16>(f, mesh, data);
+  if (f.precision == "bf16") return train_with_precision<Mesh, zest::bfloat16, Arch>(f, mesh, data);
   if constexpr ((std::is_same_v<Precisions, zest::float16> || ...)) {
-    if (f.precision == "fp16") return train_with_precision<Mesh, zest::float16>(f, mesh, data);
+    if (f.precision == "fp16")
+      return train_with_precision<Mesh, zest::float16, Arch>(f, mesh, data);
   }
-  return train_with_precision<Mesh, float>(f, mesh, data);
+  return train_with_precision<Mesh, float, Arch>(f, mesh, data);
 }
 
 // --device cpu: the mesh of train_gpt.cpp's runs. Their three precisions are compiled apart,
 // in train_gpt_fp32.cpp, train_gpt_bf16.cpp and train_gpt_fp16.cpp (explicit instantiations
-// of train_with_precision<cpu_mesh, ...>, declared extern in train_gpt.cpp).
+// of train_with_precision<cpu_mesh, ...>, declared extern in train_gpt.cpp), and those of
+// --arch llama in train_gpt_llama_fp32.cpp, ... (train_with_precision<cpu_mesh, ...,
+// llama_arch>).
 using cpu_mesh = zest::mesh<"dp", "ep">;
 
 // --device cuda: defined in train_gpt_cuda.cu, compiled by nvcc when the build has CUDA.

@@ -6,5 +6,5 @@
 
 int train_gpt_example::train_on_cuda(const flags& f, const zest::text_dataset& data,
                                      std::array<int, 2> sizes) {
-  return train_on<zest::cuda_mesh<"dp", "ep">>(f, data, sizes);
+  return train_on<zest::cuda_mesh<"dp", "ep">, gpt_arch>(f, data, sizes);
 }

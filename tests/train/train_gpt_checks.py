@@ -17,6 +17,16 @@
       4 ranks (ZeRO-1), against the uninterrupted 20-step run on 2 ranks: every step's loss
       to 1e-5 relative, and the learning rates exactly.
 
+  train_gpt_checks.py ranks --mpiexec MPIEXEC --np-flag FLAG --train-gpt EXE --dir D
+                      [--ranks 2,4] [--stages 0,1,2,3] -- ARGS...
+      for every stage, 20 steps on each number of ranks against 20 steps on 1 rank: every
+      step's loss to 1e-5 relative, and every tensor of the final checkpoint (parameters,
+      master weights, Adam moments) to 1e-5 relative (absolute below 1); the loss decreases;
+      the log names the model (--arch and its config).
+  train_gpt_checks.py trains --dir D -- COMMAND...
+      COMMAND (a run with --steps) trains: its applied steps' losses are finite and the last
+      ones lower than the first ones.
+
 PREFIX is the command that runs train_gpt (mpiexec -n 2 .../train_gpt --small-model-flags).
 """
 import argparse
@@ -25,6 +35,7 @@ import math
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -203,6 +214,120 @@ def cmd_resume(a):
     print("20 steps: resumed equals uninterrupted, worst relative loss difference %.2e" % worst)
 
 
+def read_checkpoint(folder):
+    """Every tensor of a checkpoint, whole: {name: [float, ...]} in row-major order."""
+    with open(os.path.join(folder, "manifest.json")) as f:
+        manifest = json.load(f)
+    if manifest.get("byte_order") not in (None, "little"):
+        fail("%s: byte order %r" % (folder, manifest.get("byte_order")))
+    formats = {"float": "f", "double": "d"}
+    out = {}
+    for t in manifest["tensors"]:
+        if t["dtype"] not in formats:
+            continue
+        extents = t["extents"]
+        total = 1
+        for e in extents:
+            total *= e
+        values = [None] * total
+        for b in t["blocks"]:
+            with open(os.path.join(folder, b["file"]), "rb") as f:
+                f.seek(b["offset"])
+                raw = f.read(b["bytes"])
+            box = struct.unpack("<%d%s" % (len(raw) // t["element_bytes"], formats[t["dtype"]]),
+                                raw)
+            lo, ext = b["box_offsets"], b["box_extents"]
+            # Walk the box in row-major order, placing each element at its global index.
+            index = [0] * len(ext)
+            for v in box:
+                flat = 0
+                for d, e in enumerate(extents):
+                    flat = flat * e + lo[d] + index[d]
+                values[flat] = v
+                for d in reversed(range(len(ext))):
+                    index[d] += 1
+                    if index[d] < ext[d]:
+                        break
+                    index[d] = 0
+        if any(v is None for v in values):
+            fail("%s: tensor %s is not covered by its blocks" % (folder, t["name"]))
+        out[t["name"]] = values
+    return out
+
+
+def compare_runs(what, ref_log, ref_ckpt, log, ckpt):
+    ref_steps, steps = read_log(ref_log)["steps"], read_log(log)["steps"]
+    if [s["step"] for s in steps] != [s["step"] for s in ref_steps] or not steps:
+        fail("%s: the logs hold other steps" % what)
+    worst_loss = 0.0
+    for x, y in zip(ref_steps, steps):
+        rel = abs(x["loss"] - y["loss"]) / abs(x["loss"])
+        worst_loss = max(worst_loss, rel)
+        if rel > 1e-5:
+            fail("%s: step %d: loss %r on 1 rank, %r here (%.2e relative)" %
+                 (what, x["step"], x["loss"], y["loss"], rel))
+    ref, got = read_checkpoint(ref_ckpt), read_checkpoint(ckpt)
+    if sorted(ref) != sorted(got):
+        fail("%s: the checkpoints hold other tensors: %r vs %r" % (what, sorted(ref), sorted(got)))
+    worst_value = 0.0
+    for name, values in ref.items():
+        if len(values) != len(got[name]):
+            fail("%s: tensor %s has %d elements here, %d on 1 rank" %
+                 (what, name, len(got[name]), len(values)))
+        for i, (a, b) in enumerate(zip(values, got[name])):
+            diff = abs(a - b) / max(1.0, abs(a))
+            worst_value = max(worst_value, diff)
+            if not diff <= 1e-5:
+                fail("%s: tensor %s element %d: %r on 1 rank, %r here" % (what, name, i, a, b))
+    return worst_loss, worst_value, len(ref)
+
+
+def cmd_ranks(a):
+    fresh(a.dir)
+    ranks = [int(r) for r in a.ranks.split(",")]
+    stages = [int(s) for s in a.stages.split(",")]
+    mpi = lambda n: [a.mpiexec, a.np_flag, str(n), a.train_gpt] + a.args
+    for stage in stages:
+        base = ["--zero", str(stage), "--steps", "20"]
+        ref_log = os.path.join(a.dir, "zero%d_np1.json" % stage)
+        ref_ckpt = os.path.join(a.dir, "zero%d_np1" % stage)
+        run(mpi(1) + base + ["--log", ref_log, "--save", ref_ckpt])
+        j = read_log(ref_log)
+        losses = [s["loss"] for s in j["steps"]]
+        if not losses[-1] < losses[0] - 0.3:
+            fail("ZeRO-%d: the loss does not decrease: %r" % (stage, losses))
+        arch, config = j["run"].get("arch"), j["run"]["config"]
+        if arch != (a.args[a.args.index("--arch") + 1] if "--arch" in a.args else "gpt"):
+            fail("the log's arch is %r" % arch)
+        if arch == "llama" and (config.get("arch") != arch or
+                                config.get("tied_head") != ("--tie-head" in a.args)):
+            fail("the log's config does not name the model: %r" % config)
+        for n in ranks:
+            log = os.path.join(a.dir, "zero%d_np%d.json" % (stage, n))
+            ckpt = os.path.join(a.dir, "zero%d_np%d" % (stage, n))
+            run(mpi(n) + base + ["--log", log, "--save", ckpt])
+            worst_loss, worst_value, count = compare_runs("ZeRO-%d on %d ranks" % (stage, n),
+                                                          ref_log, ref_ckpt, log, ckpt)
+            print("ZeRO-%d, %d ranks: 20 losses within %.2e, %d tensors within %.2e of 1 rank"
+                  % (stage, n, worst_loss, count, worst_value), flush=True)
+
+
+def cmd_trains(a):
+    fresh(a.dir)
+    log = os.path.join(a.dir, "run.json")
+    p, _ = run(a.run + ["--log", log])
+    print(p.stdout)
+    check_strict_json(log)
+    steps = read_log(log)["steps"]
+    applied = [s["loss"] for s in steps if s["applied"]]
+    if len(applied) < 8 or not all(math.isfinite(x) for x in applied):
+        fail("too few applied steps, or a loss not finite: %r" % applied)
+    first, last = sum(applied[:3]) / 3, sum(applied[-3:]) / 3
+    if not last < first - 0.1:
+        fail("the loss did not decrease: %r" % applied)
+    print("%d steps applied, loss %.4f -> %.4f" % (len(applied), first, last))
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -210,7 +335,7 @@ def main():
     r.add_argument("--expect", required=True)
     r.add_argument("--max-seconds", type=float, default=10)
     r.add_argument("command", nargs=argparse.REMAINDER)
-    for name in ("fp16-skip", "diverge", "steps0"):
+    for name in ("fp16-skip", "diverge", "steps0", "trains"):
         s = sub.add_parser(name)
         s.add_argument("--dir", required=True)
         s.add_argument("run", nargs=argparse.REMAINDER)
@@ -218,12 +343,19 @@ def main():
     for o in ("--mpiexec", "--np-flag", "--train-gpt", "--dir"):
         s.add_argument(o, required=True)
     s.add_argument("args", nargs=argparse.REMAINDER)
+    s = sub.add_parser("ranks")
+    for o in ("--mpiexec", "--np-flag", "--train-gpt", "--dir"):
+        s.add_argument(o, required=True)
+    s.add_argument("--ranks", default="2,4")
+    s.add_argument("--stages", default="0,1,2,3")
+    s.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     for k in ("command", "run", "args"):
         if hasattr(a, k) and getattr(a, k)[:1] == ["--"]:
             setattr(a, k, getattr(a, k)[1:])
     {"refuse": cmd_refuse, "fp16-skip": cmd_fp16_skip, "diverge": cmd_diverge,
-     "steps0": cmd_steps0, "resume": cmd_resume}[a.mode](a)
+     "steps0": cmd_steps0, "resume": cmd_resume, "ranks": cmd_ranks,
+     "trains": cmd_trains}[a.mode](a)
 
 
 if __name__ == "__main__":
