@@ -51,6 +51,7 @@ struct options {
   bool untied = false;
   // The cluster.
   zest::cluster cluster = zest::dgx2_v100_cluster();
+  bool measured_cluster = false;  // --cluster this-machine: measured before planning
   bool overlap = false;
   bool measure_flops = false;
 };
@@ -87,7 +88,10 @@ constexpr std::string_view usage =
     "  --moe-every N       every N-th layer has experts (default 2)\n"
     "  --capacity-factor X slots per expert, times k tokens / E (default 1)\n"
     "\n"
-    "The time model (defaults: DGX-2 V100, see zest/zero/cost_model.hpp):\n"
+    "The time model (see zest/zero/cost_model.hpp):\n"
+    "  --cluster C         dgx2-v100 (the default), dgx-a100, or this-machine: its sgemm,\n"
+    "                      the model's own products and its memory bandwidth measured now,\n"
+    "                      the links MPI's between processes here (figures below override)\n"
     "  --peak-tflops X     per-device peak (default 125; --peak-gflops X the same in GFLOP/s)\n"
     "  --efficiency X      share of the peak the compute reaches, in (0, 1] (default 0.4)\n"
     "  --dp-gbps X --tp-gbps X --ep-gbps X     link bandwidth per GPU, GB/s\n"
@@ -170,12 +174,40 @@ double parse_real(std::string_view flag, std::string_view text, double at_most =
   return v;
 }
 
+// This machine as bench/README.md's "Planner calibration" measured it: MPI between two
+// processes (busbw of the median sample), 2 us per message step, and the element-wise work
+// per activation byte fit there; the FLOP rates and the memory bandwidth are measured when
+// the plan runs (main).
+constexpr double this_machine_link_gbps = 1.5;
+constexpr double this_machine_activation_passes = 40;
+
+zest::cluster this_machine_cluster() {
+  zest::cluster c;
+  c.name = "this machine";
+  c.data = {this_machine_link_gbps * 1e9, 2e-6};
+  c.tensor = c.data;
+  c.expert = c.data;
+  c.activation_passes = this_machine_activation_passes;
+  return c;
+}
+
 options parse(int argc, char** argv) {
   options o;
   bool arch_llama = false;
   std::optional<std::size_t> ffn;
   constexpr std::uint64_t extent_limit = std::uint64_t{1} << 32;
   constexpr std::uint64_t ranks_limit = 1'000'000'000ULL;
+  // The named cluster first, so that the figures given beside it override its own.
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string_view(argv[i]) != "--cluster") continue;
+    const std::string_view v = argv[i + 1];
+    if (v == "dgx2-v100") o.cluster = zest::dgx2_v100_cluster();
+    else if (v == "dgx-a100") o.cluster = zest::dgx_a100_cluster();
+    else if (v == "this-machine") o.cluster = this_machine_cluster(), o.measured_cluster = true;
+    else
+      throw std::invalid_argument("--cluster: dgx2-v100, dgx-a100 or this-machine, not '" +
+                                  std::string(v) + "'");
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::string_view {
@@ -267,6 +299,8 @@ options parse(int argc, char** argv) {
     } else if (a == "--capacity-factor") {
       o.model.capacity_factor = parse_real(a, value());
       o.transformer = true;
+    } else if (a == "--cluster") {
+      value();  // read above
     } else if (a == "--peak-tflops") {
       o.cluster.peak_flops = parse_real(a, value()) * 1e12;
       o.cluster.name = "given";
@@ -676,17 +710,26 @@ double measure_memory_bandwidth() {
   return rates[rates.size() / 2];
 }
 
+struct machine_figures {
+  double peak = 0;        // sgemm n = 1024, FLOP/s
+  double efficiency = 1;  // the model's products / peak
+  double memory = 0;      // bytes/s
+};
+
 // --measure-flops: this machine's sgemm at n = 1024; with a model, the FLOP rate of that
 // model's own products and the memory bandwidth, as the time model's flags.
-int measure(const options& o) {
+machine_figures measure(const options& o, bool print) {
+  machine_figures m;
   const double peak = time_gemm({1024, 1024, 1024, false, false, 1});
   const double peak_rate = 2.0 * 1024 * 1024 * 1024 / peak;
-  std::cout << "sgemm n = 1024, one thread: " << fixed(peak_rate / 1e9, 2) << " GFLOP/s\n";
-  if (!o.transformer) return 0;
-  if (o.model.experts > 0) {
-    std::cerr << "plan: --measure-flops times the products of dense models only\n";
-    return 2;
-  }
+  m.peak = peak_rate;
+  if (print)
+    std::cout << "sgemm n = 1024, one thread: " << fixed(peak_rate / 1e9, 2) << " GFLOP/s\n";
+  if (!o.transformer) return m;
+  if (o.model.experts > 0)
+    throw std::invalid_argument(
+        "--measure-flops and --cluster this-machine time the products "
+        "of dense models only");
   double flops = 0, seconds = 0;
   for (const auto& g : model_gemms(o.model, o.layout)) {
     const double t = time_gemm(g);
@@ -698,15 +741,24 @@ int measure(const options& o) {
   }
   const double rate = flops / seconds;
   const double memory = measure_memory_bandwidth();
+  m.efficiency = std::min(1.0, rate / peak_rate);
+  m.memory = memory;
+  if (!print) return m;
   std::cout << "this model's products: " << fixed(rate / 1e9, 2) << " GFLOP/s, efficiency "
             << fixed(rate / peak_rate, 4) << " of the sgemm\n"
             << "memory: " << fixed(memory / 1e9, 3) << " GB/s\n"
             << "flags: --peak-gflops " << fixed(peak_rate / 1e9, 3) << " --efficiency "
             << fixed(std::min(1.0, rate / peak_rate), 4) << " --memory-gbps "
             << fixed(memory / 1e9, 3) << '\n';
-  return 0;
+  return m;
 }
 #endif
+
+bool options_given(int argc, char** argv, std::string_view flag) {
+  for (int i = 1; i < argc; ++i)
+    if (argv[i] == flag) return true;
+  return false;
+}
 
 }  // namespace
 
@@ -719,11 +771,26 @@ int main(int argc, char** argv) {
     std::cerr << "plan: " << e.what() << "\n\n" << usage;
     return 2;
   }
-  if (o.measure_flops) {
+  if (o.measure_flops || o.measured_cluster) {
 #if ZEST_HAS_BLAS
-    return measure(o);
+    try {
+      const machine_figures m = measure(o, o.measure_flops);
+      if (o.measure_flops) return 0;
+      if (!o.transformer)
+        throw std::invalid_argument("--cluster this-machine plans a transformer: give its flags");
+      // Measured figures, unless given.
+      if (!options_given(argc, argv, "--peak-gflops") &&
+          !options_given(argc, argv, "--peak-tflops"))
+        o.cluster.peak_flops = m.peak;
+      if (!options_given(argc, argv, "--efficiency")) o.cluster.efficiency = m.efficiency;
+      if (!options_given(argc, argv, "--memory-gbps")) o.cluster.memory_bandwidth = m.memory;
+    } catch (const std::exception& e) {
+      std::cerr << "plan: " << e.what() << "\n\n" << usage;
+      return 2;
+    }
 #else
-    std::cerr << "plan: --measure-flops needs BLAS (this build has none)\n";
+    std::cerr << "plan: --measure-flops and --cluster this-machine need BLAS (this build has "
+                 "none)\n";
     return 2;
 #endif
   }

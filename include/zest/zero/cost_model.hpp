@@ -93,6 +93,20 @@ inline cluster dgx2_v100_cluster(double efficiency = 0.4) {
   return c;
 }
 
+// DGX A100 nodes of 8 A100: 312 TFLOP/s bf16 tensor-core peak; NVSwitch 300 GB/s per GPU
+// and direction (240 taken as a ring's), across nodes 8 HDR links of 200 Gbps per node, one
+// per GPU: 25 GB/s each. Latencies and efficiency assumed as for the DGX-2.
+inline cluster dgx_a100_cluster(double efficiency = 0.5) {
+  cluster c;
+  c.name = "DGX A100";
+  c.peak_flops = 312e12;
+  c.efficiency = efficiency;
+  c.tensor = {240e9, 5e-6};
+  c.expert = c.tensor;
+  c.data = {200e9 / 8, 20e-6};
+  return c;
+}
+
 // Message steps of one call of a ring (or pairwise) collective over n ranks.
 constexpr double latency_steps(collective k, int n) {
   const double m = n > 1 ? n - 1 : 0;
