@@ -8,7 +8,7 @@
 // (batch, heads), queries split along t (causal with global indices), and keys split along s
 // (gathered for the softmax); b = 3 and 3 heads do not split evenly over 2 or 4 ranks. Each on
 // the host backend (mesh<"dp", "tp">) and the emulated one (emulated_mesh, the GPU's code
-// paths), at every 2-D mesh shape of the world. The spec's checks are static.
+// paths), at every 2-D mesh shape of the world; one float run. The spec's checks are static.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -275,6 +275,32 @@ TEST_CASE("multi-head attention \"bhtd,bhsd,bhse->bhte\" with a \"ts\" mask") {
     check_case<spec, q_t, k_t, v_t, ts>(m, n, qe, ke, ve, {}, some_ts, true);
     check_case<spec, q_t, k_t, v_t, ts>(m, n, qe, ke, ve, {.causal = false, .scale = -0.4}, some_ts,
                                         false);
+  });
+}
+
+TEST_CASE("attention in float: the kernels the GPU runs, masked and causal") {
+  on_every_mesh([&](const auto& m) {
+    using M = std::remove_cvref_t<decltype(m)>;
+    const sizes& n = gqa;
+    const std::array<std::size_t, 5> qe{n.B, n.K, n.G, n.T, n.D};
+    const std::array<std::size_t, 4> ke{n.B, n.K, n.S, n.D}, ve{n.B, n.K, n.S, n.E};
+    using heads = layout<split<'b', "dp">, split<'k', "tp">>;
+    using q_t = tensor<float, M, "bkgtd", heads>;
+    using k_t = tensor<float, M, "bksd", heads>;
+    using v_t = tensor<float, M, "bkse", heads>;
+    using mask_t = tensor<std::uint8_t, M, "bts">;
+    const auto qg = global_values(qe, 1), kg = global_values(ke, 2), vg = global_values(ve, 3);
+    auto as_float = [](const std::vector<double>& g) {
+      return std::vector<float>(g.begin(), g.end());
+    };
+    ad::tape t;
+    auto q = t.constant(q_t::from_global(m, qe, as_float(qg)));
+    auto k = t.constant(k_t::from_global(m, ke, as_float(kg)));
+    auto v = t.constant(v_t::from_global(m, ve, as_float(vg)));
+    auto y = ad::scaled_dot_product_attention<"bkgtd,bksd,bkse->bkgte">(
+        q, k, v, mask_tensor<mask_t>(m, n, some));
+    const auto want = reference_attention(n, qg, kg, vg, true, 0.5, some);  // 1/sqrt(4)
+    CHECK(relative_error(global_of(y.value()), want) < 1e-5);
   });
 }
 
