@@ -53,7 +53,7 @@
 namespace zest::autodiff {
 
 struct rope_options {
-  double base = 10000.0;   // the angle of pair i at position pos is pos * base^(-2i/D)
+  double base = 10000.0;   // pair i turns by (pos + offset) * base^(-2i/D) at position pos
   std::size_t offset = 0;  // added to every position (a cache's first position)
 };
 
