@@ -691,6 +691,30 @@ void check_memory(const flags& f, std::array<int, 2> sizes, int ranks_here) {
        culprit);
 }
 
+namespace {
+// A resumed run's model settings that no tensor's shape shows must be the checkpoint's
+// (`config`: its metadata config, or nullptr): the architecture, and RoPE's base, which is
+// taken from the checkpoint when not given.
+void check_resumed_model(flags& f, const zest::json::value* config) {
+  if (config == nullptr || !config->is_object()) return;
+  const zest::json::value* arch = config->find("arch");
+  const std::string saved = arch != nullptr && arch->is_string() ? arch->as_string() : "gpt";
+  if (saved != f.arch)
+    fail("--load " + f.load + ": the checkpoint holds an --arch " + saved +
+         " model, and this run is --arch " + f.arch);
+  const zest::json::value* base = config->find("rope_base");
+  if (base == nullptr || !base->is_number()) return;
+  if (!f.was_given("--rope-base")) {
+    f.rope_base = base->as_number();
+  } else if (f.rope_base != base->as_number()) {
+    fail("--rope-base " + zest::report::format_number(f.rope_base, 17) +
+         " differs from checkpoint " + f.load + "'s (--rope-base " +
+         zest::report::format_number(base->as_number(), 17) +
+         "): RoPE's base is part of the model; leave the option out to continue with it");
+  }
+}
+}  // namespace
+
 void resolve_arch(flags& f) {
   if (f.arch != "llama") return;
   if (f.kv_heads == 0) f.kv_heads = f.heads;
@@ -787,6 +811,8 @@ int main(int argc, char** argv) {
         saved_schedule = config->find("schedule");
     }
     resolve_schedule(f, saved_schedule, rank == 0);
+    if (resumed && resumed->metadata.is_object())
+      check_resumed_model(f, resumed->metadata.find("config"));
     const std::array<int, 2> sizes = mesh_sizes(f, world);
     const auto data = f.corpus.empty() ? zest::text_dataset::from_path()
                                        : zest::text_dataset::from_path(f.corpus);
