@@ -85,13 +85,6 @@ class context {
  public:
   using value_type = T;
   using mesh_type = Mesh;
-  template <fixed_string Dims, class Layout = layout<>>
-  using tensor_of = tensor<T, Mesh, Dims, Layout>;
-  template <fixed_string Dims, class Layout = layout<>>
-  using ids_of = tensor<std::int32_t, Mesh, Dims, Layout>;
-  template <char D, fixed_string Axis = "dp">
-  using split_on = layout<split<D, Axis>>;
-
   explicit context(const Mesh& m) : mesh_(m) {}
   const Mesh& mesh() const { return mesh_; }
   ad::tape& tape() { return tape_; }
@@ -124,36 +117,66 @@ class context {
   }
 
   // The inputs of the table. "btm" x: 5 rows over the ranks (uneven at 2 and 4).
-  auto x() { return param<tensor_of<"btm", split_on<'b'>>>({5, 3, 4}, 1, 2.0); }
-  auto x_positive() { return param<tensor_of<"btm", split_on<'b'>>>({5, 3, 4}, 2, 2.0, true); }
-  auto x_split_t() { return param<tensor_of<"btm", split_on<'t'>>>({5, 6, 4}, 3, 2.0); }
+  auto x() { return param<tensor<T, Mesh, "btm", layout<split<'b', "dp">>>>({5, 3, 4}, 1, 2.0); }
+  auto x_positive() {
+    return param<tensor<T, Mesh, "btm", layout<split<'b', "dp">>>>({5, 3, 4}, 2, 2.0, true);
+  }
+  auto x_split_t() {
+    return param<tensor<T, Mesh, "btm", layout<split<'t', "dp">>>>({5, 6, 4}, 3, 2.0);
+  }
   // x's extents, split on t (3 over the ranks: one without rows at 4): a second operand.
-  auto x_other() { return param<tensor_of<"btm", split_on<'t'>>>({5, 3, 4}, 29, 2.0); }
-  auto x_split_m() { return param<tensor_of<"btm", split_on<'m'>>>({3, 6, 5}, 4, 2.0); }
-  auto x_few_rows() { return param<tensor_of<"btm", split_on<'b'>>>({3, 2, 4}, 5, 2.0); }
-  auto x_many_rows() { return param<tensor_of<"btm", split_on<'b'>>>({16, 90, 6}, 6, 2.0); }
-  auto vector_m() { return param<tensor_of<"m">>({4}, 7); }
-  auto vector_m6() { return param<tensor_of<"m">>({6}, 8); }
-  auto gamma_split_m() { return param<tensor_of<"m", split_on<'m'>>>({4}, 9); }
-  auto vector_t() { return param<tensor_of<"t">>({6}, 10); }
-  auto matrix_bt() { return param<tensor_of<"bt">>({5, 3}, 11); }
-  auto matrix_bm_split_m() { return param<tensor_of<"bm", split_on<'m'>>>({5, 4}, 12); }
-  auto weight_mh() { return param<tensor_of<"mh", split_on<'h'>>>({4, 6}, 13); }
-  auto scores() { return param<tensor_of<"bqk", split_on<'q'>>>({2, 7, 7}, 14, 2.0); }
-  auto scores_split_k() { return param<tensor_of<"bqk", split_on<'k'>>>({2, 7, 7}, 15, 2.0); }
-  auto scores_kq() { return param<tensor_of<"bkq", split_on<'q'>>>({2, 6, 6}, 16, 2.0); }
-  auto table() { return param<tensor_of<"vm">>({7, 4}, 17); }
-  auto table_split_m() { return param<tensor_of<"vm", split_on<'m'>>>({7, 4}, 18); }
-  auto logits() { return param<tensor_of<"btv", split_on<'b'>>>({5, 3, 7}, 19, 3.0); }
-  auto logits_bvt() { return param<tensor_of<"bvt", split_on<'t'>>>({5, 7, 3}, 20, 3.0); }
+  auto x_other() {
+    return param<tensor<T, Mesh, "btm", layout<split<'t', "dp">>>>({5, 3, 4}, 29, 2.0);
+  }
+  auto x_split_m() {
+    return param<tensor<T, Mesh, "btm", layout<split<'m', "dp">>>>({3, 6, 5}, 4, 2.0);
+  }
+  auto x_few_rows() {
+    return param<tensor<T, Mesh, "btm", layout<split<'b', "dp">>>>({3, 2, 4}, 5, 2.0);
+  }
+  auto x_many_rows() {
+    return param<tensor<T, Mesh, "btm", layout<split<'b', "dp">>>>({16, 90, 6}, 6, 2.0);
+  }
+  auto vector_m() { return param<tensor<T, Mesh, "m">>({4}, 7); }
+  auto vector_m6() { return param<tensor<T, Mesh, "m">>({6}, 8); }
+  auto gamma_split_m() { return param<tensor<T, Mesh, "m", layout<split<'m', "dp">>>>({4}, 9); }
+  auto vector_t() { return param<tensor<T, Mesh, "t">>({6}, 10); }
+  auto matrix_bt() { return param<tensor<T, Mesh, "bt">>({5, 3}, 11); }
+  auto matrix_bm_split_m() {
+    return param<tensor<T, Mesh, "bm", layout<split<'m', "dp">>>>({5, 4}, 12);
+  }
+  auto weight_mh() { return param<tensor<T, Mesh, "mh", layout<split<'h', "dp">>>>({4, 6}, 13); }
+  auto scores() {
+    return param<tensor<T, Mesh, "bqk", layout<split<'q', "dp">>>>({2, 7, 7}, 14, 2.0);
+  }
+  auto scores_split_k() {
+    return param<tensor<T, Mesh, "bqk", layout<split<'k', "dp">>>>({2, 7, 7}, 15, 2.0);
+  }
+  auto scores_kq() {
+    return param<tensor<T, Mesh, "bkq", layout<split<'q', "dp">>>>({2, 6, 6}, 16, 2.0);
+  }
+  auto table() { return param<tensor<T, Mesh, "vm">>({7, 4}, 17); }
+  auto table_split_m() {
+    return param<tensor<T, Mesh, "vm", layout<split<'m', "dp">>>>({7, 4}, 18);
+  }
+  auto logits() {
+    return param<tensor<T, Mesh, "btv", layout<split<'b', "dp">>>>({5, 3, 7}, 19, 3.0);
+  }
+  auto logits_bvt() {
+    return param<tensor<T, Mesh, "bvt", layout<split<'t', "dp">>>>({5, 7, 3}, 20, 3.0);
+  }
   // Plain (non-variable) inputs.
-  auto ids_bt() const { return ids<ids_of<"bt", split_on<'b'>>>({5, 3}, 7); }
-  auto ids_bt_split_t() const { return ids<ids_of<"bt", split_on<'t'>>>({5, 3}, 7); }
-  auto targets() const { return ids<ids_of<"bt">>({5, 3}, 7); }
-  auto ids_r() const { return ids<ids_of<"r">>({5}, 6); }
+  auto ids_bt() const {
+    return ids<tensor<std::int32_t, Mesh, "bt", layout<split<'b', "dp">>>>({5, 3}, 7);
+  }
+  auto ids_bt_split_t() const {
+    return ids<tensor<std::int32_t, Mesh, "bt", layout<split<'t', "dp">>>>({5, 3}, 7);
+  }
+  auto targets() const { return ids<tensor<std::int32_t, Mesh, "bt">>({5, 3}, 7); }
+  auto ids_r() const { return ids<tensor<std::int32_t, Mesh, "r">>({5}, 6); }
   // Nonzero picks: 1 where the global pattern is positive, with x()'s dims and layout.
   auto mask_btm() const {
-    using m_t = tensor_of<"btm", split_on<'b'>>;
+    using m_t = tensor<T, Mesh, "btm", layout<split<'b', "dp">>>;
     const typename m_t::extents_type e{5, 3, 4};
     std::vector<T> v;
     for (double g : global_values(e, 22)) v.push_back(g > 0 ? T(1) : T(0));

@@ -30,7 +30,8 @@ inline constexpr std::size_t moe_width = 6, moe_choices = 2, moe_capacity = 5;
 template <class C>
 auto gate_logits(C& c) {
   using T = typename C::value_type;
-  using l_t = typename C::template tensor_of<"gse", typename C::template split_on<'g'>>;
+  using l_t =
+      tensor<typename C::value_type, typename C::mesh_type, "gse", layout<split<'g', "dp">>>;
   const std::array<std::size_t, 3> e{moe_groups, moe_tokens, moe_experts};
   const auto g = global_values(e, 23);
   std::vector<T> v(g.size());
@@ -61,7 +62,7 @@ outcome gating_case(C& c, const moe::gating_options& o) {
 // slot 3.
 template <class C>
 auto hand_routes(const C& c) {
-  using I = typename C::template ids_of<"gsk", typename C::template split_on<'g'>>;
+  using I = tensor<std::int32_t, typename C::mesh_type, "gsk", layout<split<'g', "dp">>>;
   const std::size_t G = moe_groups, S = moe_tokens, E = moe_experts, K = moe_choices;
   std::vector<std::int32_t> expert, slot;
   for (std::size_t g = 0; g < G; ++g) {
@@ -85,15 +86,17 @@ auto hand_routes(const C& c) {
 
 template <class C>
 auto moe_tokens_x(C& c) {
-  using x_t = typename C::template tensor_of<"gsm", typename C::template split_on<'g'>>;
+  using x_t =
+      tensor<typename C::value_type, typename C::mesh_type, "gsm", layout<split<'g', "dp">>>;
   return c.template param<x_t>({moe_groups, moe_tokens, moe_width}, 24);
 }
 
 // combine_by_index of slots y in layout YLayout with the hand routes and a weight variable.
 template <class YLayout, class C>
 outcome combine_case(C& c) {
-  using y_t = typename C::template tensor_of<"egcm", YLayout>;
-  using w_t = typename C::template tensor_of<"gsk", typename C::template split_on<'g'>>;
+  using y_t = tensor<typename C::value_type, typename C::mesh_type, "egcm", YLayout>;
+  using w_t =
+      tensor<typename C::value_type, typename C::mesh_type, "gsk", layout<split<'g', "dp">>>;
   const auto [ei, si] = hand_routes(c);
   auto y = c.template param<y_t>({moe_experts, moe_groups, moe_capacity, moe_width}, 25);
   auto w = c.template param<w_t>({moe_groups, moe_tokens, moe_choices}, 26);
@@ -104,15 +107,17 @@ outcome combine_case(C& c) {
 // all-to-alls over dp), back, combine.
 template <class C>
 outcome moe_pipeline_case(C& c) {
-  using expert_split = typename C::template split_on<'e'>;
+  using expert_split = layout<split<'e', "dp">>;
   auto x = moe_tokens_x(c);
   auto logits = gate_logits(c);
   auto r = moe::gating(logits, {.top_k = 2, .capacity_factor = 1.0, .seed = 5, .one_hot = false});
   auto d = moe::dispatch_by_index(x, r.expert_index, r.slot_index, moe_experts, r.capacity);
-  auto w_in = c.template param<typename C::template tensor_of<"emh", expert_split>>(
-      {moe_experts, moe_width, 5}, 27);
-  auto w_out = c.template param<typename C::template tensor_of<"ehm", expert_split>>(
-      {moe_experts, 5, moe_width}, 28);
+  auto w_in =
+      c.template param<tensor<typename C::value_type, typename C::mesh_type, "emh", expert_split>>(
+          {moe_experts, moe_width, 5}, 27);
+  auto w_out =
+      c.template param<tensor<typename C::value_type, typename C::mesh_type, "ehm", expert_split>>(
+          {moe_experts, 5, moe_width}, 28);
   auto h = moe::expert_feed_forward(moe::to_expert_layout<"dp">(d), w_in, w_out);
   auto y = moe::to_token_layout<decltype(d)::tensor_type::layout>(h);
   return c.finish(moe::combine_by_index(y, r.weight, r.expert_index, r.slot_index), x, logits, w_in,
@@ -292,8 +297,10 @@ inline auto all_ops() {
       op<2>("dropout of gelu, 2-D", {32, 16},
             [](auto& c) {
               auto x =
-                  c.template param<typename std::remove_cvref_t<decltype(c)>::template tensor_of<
-                      "btm", layout<split<'m', "dp">, split<'b', "tp">>>>({5, 3, 6}, 30);
+                  c.template param<tensor<typename std::remove_cvref_t<decltype(c)>::value_type,
+                                          typename std::remove_cvref_t<decltype(c)>::mesh_type,
+                                          "btm", layout<split<'m', "dp">, split<'b', "tp">>>>(
+                      {5, 3, 6}, 30);
               return c.finish(ad::dropout(ad::gelu(x), 0.25, 77), x);
             }),
       // Broadcasts.
@@ -313,8 +320,10 @@ inline auto all_ops() {
       op<2>("broadcast_multiply, 2-D", reordered_sums,
             [](auto& c) {
               auto x =
-                  c.template param<typename std::remove_cvref_t<decltype(c)>::template tensor_of<
-                      "btm", layout<split<'b', "dp">, split<'m', "tp">>>>({5, 3, 6}, 31);
+                  c.template param<tensor<typename std::remove_cvref_t<decltype(c)>::value_type,
+                                          typename std::remove_cvref_t<decltype(c)>::mesh_type,
+                                          "btm", layout<split<'b', "dp">, split<'m', "tp">>>>(
+                      {5, 3, 6}, 31);
               auto b = c.vector_m6();
               return c.finish(ad::broadcast_multiply(x, b), x, b);
             }),
@@ -343,8 +352,10 @@ inline auto all_ops() {
       op<2>("log_softmax<t>, 2-D", transcendental,
             [](auto& c) {
               auto x =
-                  c.template param<typename std::remove_cvref_t<decltype(c)>::template tensor_of<
-                      "btm", layout<split<'b', "dp">, split<'m', "tp">>>>({5, 6, 5}, 32, 2.0);
+                  c.template param<tensor<typename std::remove_cvref_t<decltype(c)>::value_type,
+                                          typename std::remove_cvref_t<decltype(c)>::mesh_type,
+                                          "btm", layout<split<'b', "dp">, split<'m', "tp">>>>(
+                      {5, 6, 5}, 32, 2.0);
               return c.finish(ad::log_softmax<'t'>(x), x);
             }),
       op("causal_softmax, q split", transcendental,
@@ -508,7 +519,7 @@ inline auto all_errors() {
               using C = std::remove_cvref_t<decltype(c)>;
               auto t = c.table();
               std::vector<std::int32_t> ids{0, 1, 6, 7, 2, 3};
-              using i_t = typename C::template ids_of<"bt">;
+              using i_t = tensor<std::int32_t, typename C::mesh_type, "bt">;
               (void)ad::embedding<"btm">(
                   i_t::from_global(c.mesh(), {2, 3}, std::span<const std::int32_t>(ids)), t);
             }),
@@ -518,7 +529,7 @@ inline auto all_errors() {
               auto l = c.logits();
               std::vector<std::int32_t> v(15, 1);
               v[11] = -2;
-              using i_t = typename C::template ids_of<"bt">;
+              using i_t = tensor<std::int32_t, typename C::mesh_type, "bt">;
               (void)ad::cross_entropy<'v'>(
                   l, i_t::from_global(c.mesh(), {5, 3}, std::span<const std::int32_t>(v)));
             }),
@@ -526,7 +537,8 @@ inline auto all_errors() {
             "token (g=5, s=4) choice 1 goes to expert 0, slot 5",
             [](auto& c) {
               using C = std::remove_cvref_t<decltype(c)>;
-              using I = typename C::template ids_of<"gsk", typename C::template split_on<'g'>>;
+              using I =
+                  tensor<std::int32_t, typename C::mesh_type, "gsk", layout<split<'g', "dp">>>;
               auto [ei, si] = hand_routes(c);
               auto e = to_global(ei);
               auto s = to_global(si);
