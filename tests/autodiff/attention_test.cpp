@@ -388,4 +388,54 @@ TEST_CASE("masked_softmax against plain loops; its mask's extents are checked") 
   });
 }
 
+TEST_CASE("attention: mismatched extents and a non-finite scale are refused by name") {
+  on_every_mesh([&](const auto& m) {
+    using M = std::remove_cvref_t<decltype(m)>;
+    using q_t = tensor<double, M, "bhtd", layout<split<'b', "dp">>>;
+    using k_t = tensor<double, M, "bhsd", layout<split<'b', "dp">>>;
+    using v_t = tensor<double, M, "bhse", layout<split<'b', "dp">>>;
+    constexpr fixed_string spec = "bhtd,bhsd,bhse->bhte";
+    ad::tape t;
+    auto q = t.constant(q_t(m, {2, 3, 4, 6}));
+    auto k = t.constant(k_t(m, {2, 3, 5, 6}));
+    auto v = t.constant(v_t(m, {2, 3, 5, 2}));
+    auto refused = [&](auto&& run, std::initializer_list<std::string_view> parts) {
+      try {
+        (void)run();
+        FAIL("no shape_error");
+      } catch (const shape_error& err) {
+        const std::string what = err.what();
+        CHECK_MESSAGE(what.find("scaled_dot_product_attention<\"bhtd,bhsd,bhse->bhte\">") !=
+                          std::string::npos,
+                      what);
+        for (auto part : parts) CHECK_MESSAGE(what.find(part) != std::string::npos, what);
+      }
+    };
+    // q's head dim 6, k's 4.
+    auto k4 = t.constant(k_t(m, {2, 3, 5, 4}));
+    refused([&] { return ad::scaled_dot_product_attention<spec>(q, k4, v); },
+            {"q's 'd' is 6 and k's 4"});
+    // k's 5 keys, v's 7.
+    auto v7 = t.constant(v_t(m, {2, 3, 7, 2}));
+    refused([&] { return ad::scaled_dot_product_attention<spec>(q, k, v7); },
+            {"k's 's' is 5 and v's 7"});
+    for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+      refused([&] { return ad::scaled_dot_product_attention<spec>(q, k, v, {.scale = bad}); },
+              {"options.scale", "is not finite"});
+    }
+    // A finite scale is taken as given: 1 and the default 1/sqrt(6) differ.
+    const auto q_val =
+        q_t::from_global(m, {2, 3, 4, 6}, global_values(std::array<std::size_t, 4>{2, 3, 4, 6}, 3));
+    const auto k_val =
+        k_t::from_global(m, {2, 3, 5, 6}, global_values(std::array<std::size_t, 4>{2, 3, 5, 6}, 5));
+    const auto v_val =
+        v_t::from_global(m, {2, 3, 5, 2}, global_values(std::array<std::size_t, 4>{2, 3, 5, 2}, 9));
+    auto a = ad::scaled_dot_product_attention<spec>(t.constant(q_t(q_val)), t.constant(k_t(k_val)),
+                                                    t.constant(v_t(v_val)), {.scale = 1.0});
+    auto b = ad::scaled_dot_product_attention<spec>(t.constant(q_t(q_val)), t.constant(k_t(k_val)),
+                                                    t.constant(v_t(v_val)));
+    CHECK(relative_error(global_of(a.value()), global_of(b.value())) > 1e-6);
+  });
+}
+
 }  // namespace

@@ -273,6 +273,26 @@ TEST_CASE("pow with a tensor exponent at x <= 0") {
   });
 }
 
+// pow(x, p) for a fixed p at x = 0: p = 0 is the constant 1 (gradient 0, not 0 * 0^-1), p = 1
+// the identity, p = 2 the square.
+TEST_CASE("pow with a fixed exponent at x = 0") {
+  on_every_mesh([&](const auto& m) {
+    using M = std::remove_cvref_t<decltype(m)>;
+    using v_t = tensor<double, M, "m", layout<split<'m', "dp">>>;
+    const std::array<std::size_t, 1> e{3};
+    const std::vector<double> xs{0.0, 0.0, 3.0};
+    for (double p : {0.0, 1.0, 2.0}) {
+      ad::tape t;
+      auto x = t.parameter(v_t::from_global(m, e, xs));
+      ad::backward(ad::sum(ad::pow(x, p)));
+      const auto dx = to_global(x.grad());
+      CHECK(dx[0] == (p == 1.0 ? 1.0 : 0.0));
+      CHECK(dx[1] == dx[0]);
+      CHECK(dx[2] == doctest::Approx(p * std::pow(3.0, p - 1.0)));
+    }
+  });
+}
+
 // softmax and log-softmax along each dim; mean and variance over each dim.
 template <char D>
 void check_rows() {

@@ -45,6 +45,7 @@
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
+#include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -274,6 +275,20 @@ auto attention_of(const variable<Q>& q, const variable<K>& k, const variable<V>&
                   const Mask* mask, const attention_options& o) {
   using T = typename Q::value_type;
   using plan = attention_plan<Spec>;
+  // The extents the spec pairs, named as the attention's (the einsums would name their own).
+  const std::size_t qd = q.value().extent(plan::head), kd = k.value().extent(plan::head);
+  const std::size_t ks = k.value().extent(plan::key), vs = v.value().extent(plan::key);
+  if (qd != kd || ks != vs || qd == 0) {
+    throw shape_error(zest::detail::message(
+        "zest: scaled_dot_product_attention<\"", view_of<Spec>, "\">: q's '", plan::head, "' is ",
+        qd, " and k's ", kd, "; k's '", plan::key, "' is ", ks, " and v's ", vs,
+        ": q and k need one head dim (not empty), k and v one key length"));
+  }
+  if (!std::isfinite(o.scale)) {
+    throw shape_error(zest::detail::message("zest: scaled_dot_product_attention<\"", view_of<Spec>,
+                                            "\">: options.scale ", o.scale,
+                                            " is not finite (0 means 1/sqrt(head dim))"));
+  }
   const double c =
       o.scale != 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.value().extent(plan::head)));
   auto raw = einsum<plan::scores_spec>(scale(q, static_cast<T>(c)), k);

@@ -201,7 +201,7 @@ template <class T>
 struct pow {
   T p;
   ZEST_HOST_DEVICE T value(T x) const { return power(x, p); }
-  ZEST_HOST_DEVICE T derivative(T x, T) const { return p * power(x, p - T(1)); }
+  ZEST_HOST_DEVICE T derivative(T x, T) const { return p == T(0) ? T(0) : p * power(x, p - T(1)); }
 };
 // x^y for a tensor y. dz/dx = y x^(y - 1) and dz/dy = z log x, z = x^y. The domain of both
 // gradients is x > 0. At x = 0 (and y >= 0) z is 0 or 1 whatever y's nearby values, and both

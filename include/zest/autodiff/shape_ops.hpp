@@ -364,7 +364,9 @@ constexpr std::size_t merged_at() {
     bool same = true;
     for (std::size_t i = 0; i < p; ++i) same = same && To[i] == From[i];
     for (std::size_t i = p + 1; i < To.size(); ++i) same = same && To[i] == From[i + 1];
-    if (same) return p;
+    // The merged dim's letter is a new one: "bs" for "bts" could read (b t) -> b or
+    // (t s) -> s, so a letter of the unmerged dims is refused rather than one reading picked.
+    if (same && !From.contains(To[p])) return p;
   }
   return std::string_view::npos;
 }

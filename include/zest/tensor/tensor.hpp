@@ -69,7 +69,9 @@ namespace detail {
 template <class T, class Mesh, fixed_string Dims, layout_key Layout>
 class basic_tensor {
   static_assert(is_element_type_v<T>,
-                "zest tensor: unsupported element type; use float, double or zest::bfloat16");
+                "zest tensor: unsupported element type; use float, double, zest::bfloat16, "
+                "zest::float16, int32_t, int64_t, uint8_t or uint16_t (a mask: uint8_t, not "
+                "bool)");
   static_assert(detail::check_dims<Dims>() != detail::dims_problem::too_many,
                 "zest tensor: too many dims; zest::max_dims (config.hpp) is the limit");
   static_assert(detail::check_dims<Dims>() != detail::dims_problem::bad_letter,
