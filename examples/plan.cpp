@@ -178,8 +178,8 @@ double parse_real(std::string_view flag, std::string_view text, double at_most =
 // processes (busbw of the median sample), 2 us per message step, and the element-wise work
 // per activation byte fit there; the FLOP rates and the memory bandwidth are measured when
 // the plan runs (main).
-constexpr double this_machine_link_gbps = 1.5;
-constexpr double this_machine_activation_passes = 40;
+constexpr double this_machine_link_gbps = 1.6;
+constexpr double this_machine_activation_passes = 6;
 
 zest::cluster this_machine_cluster() {
   zest::cluster c;
