@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -270,6 +271,38 @@ TEST_CASE("pow with a tensor exponent at x <= 0") {
     CHECK(dy[2] == 0.0);
     CHECK(std::isnan(dy[3]));
     CHECK(dy[4] == doctest::Approx(std::sqrt(2.0) * std::log(2.0)));
+  });
+}
+
+// Element-wise operands of one type but other extents: refused by name before any element is
+// read (a {5, 3, 4} and a {5, 6, 4} shard would be read past the smaller one's end).
+TEST_CASE("element-wise ops refuse operands of different extents") {
+  on_every_mesh([&](const auto& m) {
+    using M = std::remove_cvref_t<decltype(m)>;
+    using x_t = tensor<double, M, "btm", layout<split<'b', "dp">>>;
+    ad::tape t;
+    auto a = t.parameter(x_t(m, {5, 3, 4}));
+    auto b = t.parameter(x_t(m, {5, 6, 4}));
+    auto expect = [&](auto&& run, std::string_view op) {
+      try {
+        (void)run();
+        FAIL("no shape_error for ", op);
+      } catch (const shape_error& err) {
+        const std::string what = err.what();
+        CHECK_MESSAGE(what.find(op) != std::string::npos, what);
+        CHECK_MESSAGE(what.find("[5, 3, 4]") != std::string::npos, what);
+        CHECK_MESSAGE(what.find("[5, 6, 4]") != std::string::npos, what);
+      }
+    };
+    expect([&] { return a + b; }, "x + y");
+    expect([&] { return a - b; }, "x - y");
+    expect([&] { return a * b; }, "x * y");
+    expect([&] { return ad::maximum(a, b); }, "maximum");
+    expect([&] { return ad::pow(a, b); }, "pow");
+    const auto mask = tensor<std::uint8_t, M, "btm">(m, {5, 3, 4});
+    expect([&] { return ad::where(mask, a, b); }, "where");
+    const auto wide_mask = tensor<std::uint8_t, M, "btm">(m, {5, 6, 4});
+    expect([&] { return ad::where(wide_mask, a, a); }, "where");
   });
 }
 

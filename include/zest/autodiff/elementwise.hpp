@@ -338,6 +338,8 @@ auto where(const M& mask, const variable<X>& x, const variable<Y>& y) {
     static constexpr layout_value mask_at = detail::keep_own_partials(meet, M::layout);
     using z_t = typename detail::relayout<X, meet>::type;
     using mask_t = typename detail::relayout<M, mask_at>::type;
+    detail::check_same_extents("where", x.value(), y.value(), "x", "y");
+    detail::check_same_extents("where", x.value(), mask, "x", "mask");
     const auto xu = detail::as_layout<meet>(x.value());
     const auto yu = detail::as_layout<meet>(y.value());
     mask_t mu = detail::as_layout<mask_at>(mask);

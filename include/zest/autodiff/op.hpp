@@ -177,6 +177,7 @@ auto binary(const variable<X>& a, const variable<Y>& b, Fn fn) {
     using B = typename X::backend_type;
     constexpr bool moved = Y::layout != X::layout;
     const X& av = a.value();
+    detail::check_same_extents(view_of<Name>, av, b.value());
     decltype(auto) bu = detail::at_layout<X::layout>(b.value());
     X z(av.mesh(), av.extents(), X::uninitialized);
     for_each_kernel<B>(

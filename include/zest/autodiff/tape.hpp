@@ -25,6 +25,8 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -34,6 +36,7 @@
 #include "zest/autodiff/kernels.hpp"
 #include "zest/backend/backend.hpp"
 #include "zest/core/error.hpp"
+#include "zest/core/fixed_string.hpp"
 #include "zest/einsum/einsum.hpp"
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -238,6 +241,25 @@ constexpr bool check_elementwise() {
   }
 }
 
+// Element-wise operands of the same dims must have the same extents: their shards are read
+// element for element (a {5, 3, 4} and a {5, 6, 4} tensor would read past the smaller one).
+// `op` names the operation in the message; `a_name` and `b_name` the operands.
+template <sharded_tensor A, sharded_tensor B>
+void check_same_extents(std::string_view op, const A& a, const B& b, std::string_view a_name = "a",
+                        std::string_view b_name = "b") {
+  if (a.extents() == b.extents()) return;
+  auto text = [](const auto& e) {
+    std::string t = "[";
+    for (std::size_t k = 0; k < e.size(); ++k) t += (k ? ", " : "") + std::to_string(e[k]);
+    return t + "]";
+  };
+  throw shape_error(zest::detail::message(
+      "zest: ", op, ": ", a_name, " \"", view_of<A::dims>, "\" has extents ", text(a.extents()),
+      " and ", b_name, " \"", view_of<B::dims>, "\" ", text(b.extents()),
+      "; an element-wise operation needs equal extents (broadcast_add and broadcast_multiply "
+      "take an operand with fewer dims)"));
+}
+
 // out[i] = f(a[i], b[i]) over local shards of one shape; f is one of kernels.hpp's
 // operations (plus, times, ...), which device code can call too.
 template <sharded_tensor Out, sharded_tensor A, sharded_tensor B, class F>
@@ -356,6 +378,7 @@ auto add_signed(const variable<X>& x, const variable<Y>& y) {
     using z_t = typename relayout<X, meet>::type;
     using T = typename X::value_type;
     using op_t = std::conditional_t<(Sign > 0), kernels::plus<T>, kernels::minus<T>>;
+    check_same_extents(Sign > 0 ? "x + y" : "x - y", x.value(), y.value(), "x", "y");
     auto z = combine<z_t>(as_layout<meet>(x.value()), as_layout<meet>(y.value()), op_t{});
     auto out = make_result(x.owner(), std::move(z), x.requires_grad() || y.requires_grad());
     if (out.requires_grad()) {
@@ -421,6 +444,7 @@ auto multiply(const variable<X>& x, const variable<Y>& y) {
     return 0;
   } else {
     using T = typename X::value_type;
+    detail::check_same_extents("x * y", x.value(), y.value(), "x", "y");
     static constexpr layout_value meet = detail::meeting_layout(X::layout, Y::layout);
     constexpr layout_value x_at = detail::keep_own_partials(meet, X::layout);
     constexpr layout_value y_at = detail::keep_own_partials(meet, Y::layout);
