@@ -7,9 +7,10 @@
 // host-vectorised members (Eigen array expressions) where they have one, the CUDA backend
 // launches them as kernels. This backend is the host backend under another name that does
 // not run the host members: its for_each is a plain loop over host memory, so a program on
-// an emulated mesh runs exactly the per-element code that a cuda_mesh runs, and its tests (tests/*/emulated_*) compare it with the host
-// paths on machines without a GPU. What it cannot show is what only a GPU does: kernel
-// launches, device memory, NCCL.
+// an emulated mesh runs exactly the per-element code that a cuda_mesh runs, and the
+// conformance suite (tests/backend/conformance/) compares it with the host paths on machines
+// without a GPU. What it cannot show is what only a GPU does: kernel launches, device
+// memory, NCCL.
 #pragma once
 
 #include <string_view>
