@@ -359,22 +359,32 @@ auto causal_mask(const variable<X>& x) {
   }
 }
 
+namespace detail {
+// causal_softmax's operand checks, shared by its forms with and without a mask.
+template <char Q, char K, char D, class X>
+constexpr bool check_causal() {
+  if constexpr (!check_operand<"causal_softmax", X>()) {
+    return false;
+  } else if constexpr (!X::dims.contains(Q)) {
+    (void)autodiff_error::missing_dim<"causal_softmax", Q, X>{};
+    return false;
+  } else if constexpr (!X::dims.contains(K)) {
+    (void)autodiff_error::missing_dim<"causal_softmax", K, X>{};
+    return false;
+  } else if constexpr (Q == K || (D != Q && D != K)) {
+    (void)autodiff_error::causal_dims<Q, K, D, X>{};
+    return false;
+  } else {
+    return check_whole_dim<"causal_softmax", D, X>();
+  }
+}
+}  // namespace detail
+
 // softmax<D>(causal_mask<Q, K>(x)) in one pass, without the -infinity tensor: the attention
 // weights of scores "bhqk" are causal_softmax<'q', 'k'>(scores). D (K or Q) must be whole.
 template <char Q, char K, char D = K, sharded_tensor X>
 auto causal_softmax(const variable<X>& x) {
-  if constexpr (!detail::check_operand<"causal_softmax", X>()) {
-    return 0;
-  } else if constexpr (!X::dims.contains(Q)) {
-    (void)autodiff_error::missing_dim<"causal_softmax", Q, X>{};
-    return 0;
-  } else if constexpr (!X::dims.contains(K)) {
-    (void)autodiff_error::missing_dim<"causal_softmax", K, X>{};
-    return 0;
-  } else if constexpr (Q == K || (D != Q && D != K)) {
-    (void)autodiff_error::causal_dims<Q, K, D, X>{};
-    return 0;
-  } else if constexpr (!detail::check_whole_dim<"causal_softmax", D, X>()) {
+  if constexpr (!detail::check_causal<Q, K, D, X>()) {
     return 0;
   } else {
     return detail::rows_op<D, Q, K>(x, kernels::softmax_fn<false>{});
@@ -470,18 +480,7 @@ auto masked_softmax(const variable<X>& x, const M& mask) {
 // entry counts where global K <= global Q and the mask is nonzero; a row with none is zeros.
 template <char Q, char K, char D = K, sharded_tensor X, sharded_tensor M>
 auto causal_softmax(const variable<X>& x, const M& mask) {
-  if constexpr (!detail::check_operand<"causal_softmax", X>()) {
-    return 0;
-  } else if constexpr (!X::dims.contains(Q)) {
-    (void)autodiff_error::missing_dim<"causal_softmax", Q, X>{};
-    return 0;
-  } else if constexpr (!X::dims.contains(K)) {
-    (void)autodiff_error::missing_dim<"causal_softmax", K, X>{};
-    return 0;
-  } else if constexpr (Q == K || (D != Q && D != K)) {
-    (void)autodiff_error::causal_dims<Q, K, D, X>{};
-    return 0;
-  } else if constexpr (!detail::check_whole_dim<"causal_softmax", D, X>()) {
+  if constexpr (!detail::check_causal<Q, K, D, X>()) {
     return 0;
   } else if constexpr (!detail::check_softmax_mask<"causal_softmax", X, M>()) {
     return 0;
