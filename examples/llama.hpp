@@ -24,7 +24,11 @@
 //   W_o         "bkgte,kgem->btm"
 //
 // The weights are zest::linear layers without a bias dim; ZeRO stores, gathers and reduces
-// them like any parameter. Parameter groups (one collective each under ZeRO-3): the token
+// them like any parameter. On a mesh with an axis "tp" the model is tensor-parallel as
+// zest::gpt is (zest/nn/tensor_parallel.hpp): the key/value heads k (and their query heads)
+// and SwiGLU's hidden dim split over tp, W_o and W_down reduced into the stream's layout, the
+// embedding, the head and the loss split over the vocabulary; ids split(t:tp) make the
+// stream sequence-parallel. On a mesh with "sp" the attention is Ulysses' (ids split(t:sp)). Parameter groups (one collective each under ZeRO-3): the token
 // embedding, each block, and the head (final norm and lm_head). With a tied head the table
 // is also the output projection: embedding, final norm and head are one group, in scope for
 // the whole forward (under ZeRO-3 it stays gathered beside the block computing, as a tied
@@ -49,6 +53,7 @@
 #include "zest/core/random.hpp"
 #include "zest/nn/embedding.hpp"
 #include "zest/nn/linear.hpp"
+#include "zest/nn/tensor_parallel.hpp"
 #include "zest/tensor/tensor.hpp"
 #include "zest/zero/engine.hpp"
 #include "zest/zero/parameter.hpp"
@@ -159,20 +164,25 @@ class grouped_query_attention {
         o_(engine, name + ".o", {o.kv_heads, o.heads / o.kv_heads, o.width / o.heads, o.width}, {},
            residual_std) {}
 
+  // x "btm"; the result has x's layout.
   template <zest::sharded_tensor X>
   auto operator()(const zest::autodiff::variable<X>& x) const {
     namespace ad = zest::autodiff;
-    auto q = ad::rope<'t', 'd'>(q_(x), rope_);
-    auto k = ad::relabel<"bksd">(ad::rope<'t', 'd'>(k_(x), rope_));
-    auto v = ad::relabel<"bkse">(v_(x));
-    return o_(ad::scaled_dot_product_attention<"bkgtd,bksd,bkse->bkgte">(q, k, v));
+    const auto whole = zest::whole_on_tp(x);
+    // Ulysses (a mesh with "sp"): from the sequence split to a kv-heads split, and back.
+    auto q = zest::across_sp<'t', 'k'>(ad::rope<'t', 'd'>(q_(whole), rope_));
+    auto k = ad::relabel<"bksd">(zest::across_sp<'t', 'k'>(ad::rope<'t', 'd'>(k_(whole), rope_)));
+    auto v = ad::relabel<"bkse">(zest::across_sp<'t', 'k'>(v_(whole)));
+    return o_.template into<zest::layout_of_t<X>>(zest::across_sp<'k', 't'>(
+        ad::scaled_dot_product_attention<"bkgtd,bksd,bkse->bkgte">(q, k, v)));
   }
 
  private:
+  using kv_heads_split = zest::split_over_tp<typename P::mesh_type, 'k'>;
   zest::autodiff::rope_options rope_;
-  zest::linear<P, "btm,mkgd->bkgtd", "mkgd"> q_;
-  zest::linear<P, "btm,mkd->bktd", "mkd"> k_, v_;
-  zest::linear<P, "bkgte,kgem->btm", "kgem"> o_;
+  zest::linear<P, "btm,mkgd->bkgtd", "mkgd", "", kv_heads_split> q_;
+  zest::linear<P, "btm,mkd->bktd", "mkd", "", kv_heads_split> k_, v_;
+  zest::linear<P, "bkgte,kgem->btm", "kgem", "", kv_heads_split> o_;
 };
 
 // SwiGLU: W_down (silu(x W_gate) * (x W_up)).
@@ -185,14 +195,18 @@ class swiglu {
         up_(engine, name + ".up", {width, hidden}),
         down_(engine, name + ".down", {hidden, width}, {}, residual_std) {}
 
+  // x "btm"; the result has x's layout.
   template <zest::sharded_tensor X>
   auto operator()(const zest::autodiff::variable<X>& x) const {
-    return down_(zest::autodiff::silu(gate_(x)) * up_(x));
+    const auto whole = zest::whole_on_tp(x);
+    return down_.template into<zest::layout_of_t<X>>(zest::autodiff::silu(gate_(whole)) *
+                                                     up_(whole));
   }
 
  private:
-  zest::linear<P, "btm,mh->bth", "mh"> gate_, up_;
-  zest::linear<P, "bth,hm->btm", "hm"> down_;
+  using hidden_split = zest::split_over_tp<typename P::mesh_type, 'h'>;
+  zest::linear<P, "btm,mh->bth", "mh", "", hidden_split> gate_, up_;
+  zest::linear<P, "bth,hm->btm", "hm", "", hidden_split> down_;
 };
 
 // A pre-norm block, one parameter group: x + attn(norm(x)), then + mlp(norm(h)).
@@ -282,16 +296,20 @@ class llama {
     // Tied: the table's group is in scope from the lookup to the head.
     std::optional<scope_t> embed_scope;
     embed_scope.emplace(*engine_, t, embed_group_);
-    auto x = wte_.template lookup<"btm">(ids);
+    // The table is split over the vocabulary on tp: every tp rank looks up all the ids, and
+    // the pending rows are reduced into the stream's layout, the ids' own.
+    auto x = zest::in_layout<zest::layout_of_t<Ids>>(wte_.template lookup<"btm">(
+        zest::redistribute<zest::tp_region_input<Ids>>(ids)));
     if (!options_.tied_head) embed_scope.reset();
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       x = (*blocks_[l])(t, x, zest::splitmix64(seed ^ (0x100 + l)));
     }
-    if (options_.tied_head) {
-      return zest::autodiff::einsum<"btm,vm->btv">((*norm_f_)(x), wte_.table().value());
+    if (options_.tied_head) {  // logits split(v:tp)
+      return zest::autodiff::einsum<"btm,vm->btv">(zest::whole_on_tp((*norm_f_)(x)),
+                                                   wte_.table().value());
     }
     auto head_scope = engine_->use(t, head_group_);
-    return (*lm_head_)((*norm_f_)(x));
+    return (*lm_head_)(zest::whole_on_tp((*norm_f_)(x)));  // logits split(v:tp)
   }
 
   // Mean cross-entropy of predicting `targets` from `inputs`: a scalar, partial over the
@@ -315,11 +333,12 @@ class llama {
   zest::zero_engine<P>* engine_;
   llama_options options_;
   std::size_t embed_group_;
-  zest::embedding_layer<P> wte_;
+  zest::embedding_layer<P, zest::split_over_tp<mesh_t, 'v'>> wte_;
   std::vector<std::unique_ptr<llama_block<P>>> blocks_;
   std::size_t head_group_ = 0;
   std::optional<rms_norm_layer<P>> norm_f_;
-  std::optional<zest::linear<P, "btm,mv->btv", "mv">> lm_head_;
+  std::optional<zest::linear<P, "btm,mv->btv", "mv", "", zest::split_over_tp<mesh_t, 'v'>>>
+      lm_head_;
 };
 
 }  // namespace llama_example

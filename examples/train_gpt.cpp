@@ -236,6 +236,10 @@ inline const std::vector<option>& options() {
       number_option<int>("--ep", "N", &zf::ep, 0, std::numeric_limits<int>::max(),
                          "--moe: ranks of the expert axis, dividing the ranks and\n"
                          "the experts; the data axis takes the rest (0: the largest such)"),
+      number_option<int>("--tp", "N", &zf::tp, 1, std::numeric_limits<int>::max(),
+                         "tensor-parallel ranks, dividing the ranks: heads, the MLP's\n"
+                         "hidden dim and the vocabulary split over them (Megatron), with\n"
+                         "sequence parallelism between; dp (and ep) take the rest"),
       switch_option("--checked", &zf::checked,
                     "checked mode (as ZEST_CHECKED=1): before every collective the\n"
                     "ranks compare what they call, so a mismatch is an error naming\n"
@@ -573,31 +577,38 @@ void check_run(const flags& f, int world, int ranks_here) {
   if (!f.log.empty()) check_writable("--log", f.log, false);
   if (!f.plot.empty()) check_writable("--plot", f.plot, false);
   if (!f.save.empty()) check_writable("--save", f.save, true);
-  if (f.ep > 0 && world % f.ep != 0)
-    fail("--ep " + std::to_string(f.ep) + " does not divide the " + std::to_string(world) +
+  if (f.tp > 1 && f.device == "cuda") fail("--tp applies to --device cpu");
+  if (world % f.tp != 0)
+    fail("--tp " + std::to_string(f.tp) + " does not divide the " + std::to_string(world) +
          " ranks");
+  if (f.ep > 0 && (world / f.tp) % f.ep != 0)
+    fail("--ep " + std::to_string(f.ep) + " does not divide the " + std::to_string(world / f.tp) +
+         " ranks that --tp " + std::to_string(f.tp) + " leaves");
   if (f.moe && f.ep > 0 && f.experts % static_cast<std::size_t>(f.ep) != 0)
     fail("--ep " + std::to_string(f.ep) + " does not divide --experts " +
          std::to_string(f.experts));
   check_memory(f, mesh_sizes(f, world), ranks_here);
 }
 
-std::array<int, 2> mesh_sizes(const flags& f, int world) {
+std::array<int, 3> mesh_sizes(const flags& f, int world) {
+  const int data = world / f.tp;  // dp x ep
   int ep = f.ep;
   if (ep == 0) {
     ep = 1;
     if (f.moe) {
-      for (int d = 1; d <= world; ++d) {
-        if (world % d == 0 && f.experts % static_cast<std::size_t>(d) == 0) ep = d;
+      for (int d = 1; d <= data; ++d) {
+        if (data % d == 0 && f.experts % static_cast<std::size_t>(d) == 0) ep = d;
       }
     }
   }
-  return {world / ep, ep};
+  return {data / ep, ep, f.tp};
 }
 
-memory_need estimate_memory(const flags& f, std::array<int, 2> sizes) {
+memory_need estimate_memory(const flags& f, std::array<int, 3> sizes) {
   memory_need m;
-  const zest::mesh_shape<"dp", "ep"> mesh(sizes);  // rank 0: the one that holds the most
+  // Rank 0: the one that holds the most. The planner's model has every parameter replicated
+  // off the data axis: with --tp, an upper bound.
+  const zest::mesh_shape<"dp", "ep"> mesh(std::array<int, 2>{sizes[0], sizes[1]});
   const zest::training_precision& precision =
       f.precision == "fp32" ? zest::fp32_adam : zest::mixed_precision_adam;
   // The planner's figure is a sum over parameters, and the blocks are alike: plan one and
@@ -664,7 +675,7 @@ memory_need estimate_memory(const flags& f, std::array<int, 2> sizes) {
   return m;
 }
 
-void check_memory(const flags& f, std::array<int, 2> sizes, int ranks_here) {
+void check_memory(const flags& f, std::array<int, 3> sizes, int ranks_here) {
   const memory_need m = estimate_memory(f, sizes);
   const double available = machine_memory_bytes();
   const double need = m.total() * ranks_here;
@@ -770,7 +781,7 @@ void resolve_schedule(flags& f, const zest::json::value* saved, bool root) {
 
 #if !defined(ZEST_TRAIN_GPT_CUDA)
 // This build has no CUDA (ZEST_CUDA=OFF, or no nvcc/NCCL found): --device cuda says so.
-int train_gpt_example::train_on_cuda(const flags&, const zest::text_dataset&, std::array<int, 2>) {
+int train_gpt_example::train_on_cuda(const flags&, const zest::text_dataset&, std::array<int, 3>) {
   throw std::invalid_argument(
       "train_gpt: --device cuda: this build has no CUDA backend; configure with "
       "-DZEST_CUDA=ON on a machine with the CUDA toolkit and NCCL (scripts/gpu-check does)");
@@ -813,7 +824,7 @@ int main(int argc, char** argv) {
     resolve_schedule(f, saved_schedule, rank == 0);
     if (resumed && resumed->metadata.is_object())
       check_resumed_model(f, resumed->metadata.find("config"));
-    const std::array<int, 2> sizes = mesh_sizes(f, world);
+    const std::array<int, 3> sizes = mesh_sizes(f, world);
     const auto data = f.corpus.empty() ? zest::text_dataset::from_path()
                                        : zest::text_dataset::from_path(f.corpus);
     if (f.device == "cuda") return train_on_cuda(f, data, sizes);

@@ -43,10 +43,18 @@
 
 namespace train_gpt_example {
 
-// Data-parallel ranks "dp" times expert-parallel ranks "ep" (--ep, 1 unless --moe), on a
-// zest::mesh (--device cpu) or a zest::cuda_mesh (--device cuda): train<P> takes the mesh
-// type from the policy, and nothing else in it knows where the tensors live.
-using token_layout = zest::layout<zest::split<'b', "dp", "ep">>;
+// Data-parallel ranks "dp" times expert-parallel ranks "ep" (--ep, 1 unless --moe) times
+// tensor-parallel ranks "tp" (--tp), on a zest::mesh (--device cpu) or a zest::cuda_mesh
+// (--device cuda, no "tp" axis): train<P> takes the mesh type from the policy, and nothing
+// else in it knows where the tensors live. The batch is split over dp and ep; where the mesh
+// has "tp", the sequence is split over it too, so the models run Megatron's sequence
+// parallelism between their tensor-parallel regions (zest/nn/tensor_parallel.hpp); with
+// --tp 1 that axis has one rank and moves nothing.
+template <class Mesh>
+using token_layout = std::conditional_t<
+    zest::has_tensor_axis<Mesh>,
+    zest::layout<zest::split<'b', "dp", "ep">, zest::split<'t', "tp">>,
+    zest::layout<zest::split<'b', "dp", "ep">>>;
 
 struct flags {
   int zero = 3;
@@ -80,6 +88,7 @@ struct flags {
   double capacity_factor = 1.25;
   double aux_weight = 0.01;
   int ep = 0;  // 0: as many as the experts and ranks allow
+  int tp = 1;
   // The model: gpt (zest::gpt) or llama (examples/llama.hpp).
   std::string arch = "gpt";
   std::size_t kv_heads = 0;  // llama: 0 on the command line: --heads (resolve_arch)
@@ -166,8 +175,8 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
 // `ranks_here` ranks on this machine. Throws std::invalid_argument naming the options.
 void check_run(const flags& f, int world, int ranks_here);
 
-// The mesh's sizes {dp, ep} for `world` ranks (--ep, or its default).
-std::array<int, 2> mesh_sizes(const flags& f, int world);
+// The mesh's sizes {dp, ep, tp} for `world` ranks (--ep, or its default, and --tp).
+std::array<int, 3> mesh_sizes(const flags& f, int world);
 
 // What a run needs per rank, estimated before anything is allocated: the model states by
 // the ZeRO planner (zest::plan_zero, for the largest byte vocabulary), the activations of
@@ -177,10 +186,10 @@ struct memory_need {
   double model_states = 0, activations = 0, bookkeeping = 0;
   double total() const { return model_states + activations + bookkeeping; }
 };
-memory_need estimate_memory(const flags& f, std::array<int, 2> sizes);
+memory_need estimate_memory(const flags& f, std::array<int, 3> sizes);
 // Throws std::invalid_argument, with the figures and the options behind the largest, when
 // `ranks_here` times the need exceeds the machine's memory (RAM, or the cgroup's limit).
-void check_memory(const flags& f, std::array<int, 2> sizes, int ranks_here);
+void check_memory(const flags& f, std::array<int, 3> sizes, int ranks_here);
 
 // --arch llama: sets --kv-heads (default --heads) and --hidden (default
 // llama_example::default_hidden) where not given, so that the log and the checkpoint's config
@@ -309,7 +318,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   std::int64_t trained = 0;
   for (; step < f.steps; ++step) {
     const auto [inputs, targets] =
-        sampler.template batch<token_layout>(mesh, static_cast<std::size_t>(step));
+        sampler.template batch<token_layout<mesh_t>>(mesh, static_cast<std::size_t>(step));
     const auto r = zest::train_step(engine, model, inputs, targets, schedule(step),
                                     zest::splitmix64(f.seed ^ static_cast<std::uint64_t>(step)));
     last_loss = r.loss;
@@ -371,7 +380,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     for (std::int64_t k = 0; k < f.sample; ++k) {
       const std::size_t len = std::min(ids.size(), f.context);
       const std::span<const std::int32_t> window(ids.data() + ids.size() - len, len);
-      using ids_t = zest::tensor<std::int32_t, mesh_t, "bt", token_layout>;
+      using ids_t = zest::tensor<std::int32_t, mesh_t, "bt", token_layout<mesh_t>>;
       const auto in =
           ids_t::generate(mesh, {rows, len}, [&](const auto& i) { return window[i[1]]; });
       zest::autodiff::tape t;
@@ -396,11 +405,13 @@ int train_with_precision(const flags& f, const Mesh& mesh, const zest::text_data
   });
 }
 
-// The mesh over all ranks ("dp" x "ep" = sizes) and the run of the model in the precision
-// asked for.
+// The mesh over all ranks ("dp" x "ep" x "tp" = sizes; a mesh without "tp" takes the first
+// two, tp being 1) and the run of the model in the precision asked for.
 template <class Mesh, class Arch, class... Precisions>
-int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 2> sizes) {
-  const Mesh mesh(MPI_COMM_WORLD, sizes);
+int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 3> sizes) {
+  std::array<int, Mesh::axis_count> own{};
+  for (std::size_t a = 0; a < own.size(); ++a) own[a] = sizes[a];
+  const Mesh mesh(MPI_COMM_WORLD, own);
   if (f.precision == "bf16") return train_with_precision<Mesh, zest::bfloat16, Arch>(f, mesh, data);
   if constexpr ((std::is_same_v<Precisions, zest::float16> || ...)) {
     if (f.precision == "fp16")
@@ -414,9 +425,9 @@ int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 2> 
 // of train_with_precision<cpu_mesh, ...>, declared extern in train_gpt.cpp), and those of
 // --arch llama in train_gpt_llama_fp32.cpp, ... (train_with_precision<cpu_mesh, ...,
 // llama_arch>).
-using cpu_mesh = zest::mesh<"dp", "ep">;
+using cpu_mesh = zest::mesh<"dp", "ep", "tp">;
 
 // --device cuda: defined in train_gpt_cuda.cu, compiled by nvcc when the build has CUDA.
-int train_on_cuda(const flags& f, const zest::text_dataset& data, std::array<int, 2> sizes);
+int train_on_cuda(const flags& f, const zest::text_dataset& data, std::array<int, 3> sizes);
 
 }  // namespace train_gpt_example

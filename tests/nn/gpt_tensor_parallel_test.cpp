@@ -5,7 +5,10 @@
 //   - the bytes tp moves per step equal the closed formula (Megatron's 4 all-reduces of
 //     b s h per layer, or as many all-gathers and reduce-scatters with sequence parallelism,
 //     and the vocabulary-parallel loss's b s values), and the two schemes move the same;
-//   - each rank holds 1/tp of the logits, never the whole vocabulary.
+//   - each rank holds 1/tp of the logits, never the whole vocabulary;
+//   - DeepSpeed-Ulysses on mesh<"dp", "tp", "sp">: the sequence split over sp (and tp
+//     inside it), the attention's q, k, v and output moved by all-to-alls between the
+//     sequence and the heads: one rank's losses and parameters, and the all-to-all bytes.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -132,6 +135,58 @@ TEST_CASE("gpt, tensor parallel: the logits stay split over the vocabulary") {
           balanced_block(small_gpt().vocab, static_cast<std::size_t>(shape[1]),
                          static_cast<std::size_t>(mesh.coord(1)))
               .size);
+  }
+}
+
+// Ulysses, alone and with tensor parallelism: the world as dp x tp x sp.
+using ulysses_mesh = mesh<"dp", "tp", "sp">;
+using ulysses_policy = training_policy<ulysses_mesh, zero_stage<3>, float>;
+using ulysses_tokens = layout<split<'b', "dp">, split<'t', "sp", "tp">>;
+
+std::vector<std::array<int, 3>> ulysses_shapes() {
+  const int n = world_size();
+  if (n == 1) return {{1, 1, 1}};
+  if (n == 2) return {{1, 1, 2}};
+  return {{1, 1, 4}, {2, 1, 2}, {1, 2, 2}};
+}
+
+TEST_CASE("gpt, Ulysses sequence parallel (with and without tp): N ranks train like one rank") {
+  for (const auto& shape : ulysses_shapes()) {
+    const ulysses_mesh mesh(MPI_COMM_WORLD, shape);
+    CAPTURE(mesh.describe());
+    zero_engine<ulysses_policy> engine(mesh, {.seed = 5});
+    const gpt<ulysses_policy> model(engine, small_gpt());
+    const auto sp_before = mesh.axis(2).stats();
+    const auto losses = train_steps<ulysses_tokens>(engine, model, 0, 20);
+    const auto sp = mesh.axis(2).stats() - sp_before;
+    const auto params = parameter_values(engine);
+
+    const auto one = make_single_mesh<ulysses_mesh>();
+    zero_engine<ulysses_policy> ref_engine(one, {.seed = 5});
+    const gpt<ulysses_policy> ref_model(ref_engine, small_gpt());
+    const auto ref_losses = train_steps<ulysses_tokens>(ref_engine, ref_model, 0, 20);
+    const auto ref_params = parameter_values(ref_engine);
+    for (std::size_t k = 0; k < losses.size(); ++k) {
+      INFO("step " << k << ": " << losses[k] << " vs " << ref_losses[k]);
+      CHECK(std::abs(losses[k] - ref_losses[k]) <= 1e-5 * std::abs(ref_losses[k]));
+    }
+    for (const auto& [name, values] : params) {
+      const auto& ref = ref_params.at(name);
+      double worst = 0;
+      for (std::size_t i = 0; i < values.size(); ++i)
+        worst = std::max(worst, static_cast<double>(std::abs(values[i] - ref[i])));
+      INFO("parameter " << name << ": largest difference " << worst);
+      CHECK(worst <= 1e-5);
+    }
+    // Without tp: per layer and step 8 all-to-alls (q, k, v and the output, forward and
+    // backward) of this rank's b s h / P, each sending (P - 1)/P of it.
+    if (shape[1] == 1) {
+      const gpt_options o = small_gpt();
+      const auto P = static_cast<std::uint64_t>(shape[2]);
+      const std::uint64_t A = small_batch / static_cast<std::uint64_t>(shape[0]) * o.context * o.width;
+      CHECK(sp[collective::all_to_all].bytes_sent ==
+            20 * 8 * o.layers * (A / P) * (P - 1) / P * sizeof(float));
+    }
   }
 }
 

@@ -9,7 +9,8 @@
 // local; the layout rules would insert the collectives of any other placement. On a mesh with
 // "tp" the heads are split over it (zest/nn/tensor_parallel.hpp): W_q, W_k, W_v and their
 // biases column-parallel, W_o row-parallel, the output reduced into x's layout before W_o's
-// bias is added.
+// bias is added. On a mesh with "sp", Ulysses: q, k and v go from the sequence split to a
+// heads split over sp for the attention core, its output back (across_sp).
 #pragma once
 
 #include <cmath>
@@ -41,13 +42,14 @@ class causal_self_attention {
   auto operator()(const autodiff::variable<X>& x) const {
     using T = typename X::value_type;
     const auto whole = whole_on_tp(x);
-    auto q = autodiff::scale(q_(whole),
+    // Ulysses (a mesh with "sp"): from the sequence split to a heads split, and back.
+    auto q = autodiff::scale(across_sp<'t', 'n'>(q_(whole)),
                              static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
-    auto k = relabel<"bnsd">(k_(whole));
-    auto v = relabel<"bnsd">(v_(whole));
+    auto k = relabel<"bnsd">(across_sp<'t', 'n'>(k_(whole)));
+    auto v = relabel<"bnsd">(across_sp<'t', 'n'>(v_(whole)));
     auto scores = autodiff::einsum<"bntd,bnsd->bnts">(q, k);
     auto p = autodiff::causal_softmax<'t', 's'>(scores);
-    auto ctx = autodiff::einsum<"bnts,bnsd->bntd">(p, v);
+    auto ctx = across_sp<'n', 't'>(autodiff::einsum<"bnts,bnsd->bntd">(p, v));
     return o_.template into<layout_of_t<X>>(ctx);
   }
 

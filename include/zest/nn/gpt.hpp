@@ -126,10 +126,13 @@ class gpt {
             std::uint64_t seed = 0) const {
     auto nll = autodiff::cross_entropy<'v'>(logits(t, inputs, seed), targets);
     if constexpr (detail::has_expert_axis<mesh_t>) {
+      // In the expert layers' scalar layout, pending on every axis (where the loss is
+      // replicated, over tp, a local step: one rank keeps it), so that their losses add.
+      using scalar_layout = layout_of_t<typename moe::moe_layer<P>::scalar_variable>;
+      auto total = in_layout<scalar_layout>(nll);
       if (options_.moe) {
         last_nll_ = engine_->scalar_value(nll.value());
         const double layers = static_cast<double>(moe_layer_count());
-        auto total = nll;
         for (const auto& b : blocks_) {
           if (!b->is_moe()) continue;
           const auto& layer = b->expert_layer();
@@ -142,10 +145,11 @@ class gpt {
                                             static_cast<float>(options_.z_loss_weight / layers));
           }
         }
-        return total;
       }
+      return total;
+    } else {
+      return nll;
     }
-    return nll;
   }
 
   std::size_t moe_layer_count() const {

@@ -22,10 +22,18 @@
 //                              tp and ends in a reduce-scatter: Megatron's sequence
 //                              parallelism, the same bytes as the all-reduce
 //
+// On a mesh with an axis named "sp" the attention is DeepSpeed-Ulysses' instead: the stream
+// split over sp on the sequence (ids split(t:sp)), weights whole on sp, and around the
+// attention core one all-to-all each way per tensor (across_sp): q, k and v from the
+// sequence split to a heads split, its output back; every other layer works on its block
+// of the sequence. The weights' gradients, partial over sp, are reduced over it. "sp" and
+// "tp" can be combined (heads split over tp, then over sp inside it).
+//
 // No layer names a collective: the layouts imply every one, forward and backward.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "zest/autodiff/tape.hpp"
@@ -40,6 +48,10 @@ namespace zest {
 // Whether the mesh has the tensor-parallel axis "tp".
 template <class Mesh>
 inline constexpr bool has_tensor_axis = detail::axis_index_of<Mesh>("tp") < Mesh::axis_count;
+
+// Whether the mesh has the sequence-parallel axis "sp" (Ulysses' attention).
+template <class Mesh>
+inline constexpr bool has_sequence_axis = detail::axis_index_of<Mesh>("sp") < Mesh::axis_count;
 
 // layout<split<D, "tp">> on a mesh with "tp", layout<> on any other: a weight's Base.
 template <class Mesh, char D>
@@ -77,6 +89,25 @@ struct tensor_of<X> {
 };
 }  // namespace detail
 
+namespace detail {
+// v with the "sp" axis's split moved from dim From to dim To, nested inside To's other splits.
+template <class Mesh, char From, char To>
+constexpr layout_value moved_over_sp(layout_value v) {
+  constexpr std::size_t sp = axis_index_of<Mesh>("sp");
+  if constexpr (sp < Mesh::axis_count) {
+    if (v.splits(sp, From)) {
+      for (std::size_t a = 0; a < v.axis_count; ++a) {
+        if (a != sp && v.splits(a, From) && v.axes[a].order > v.axes[sp].order)
+          throw "zest across_sp: an axis is nested inside sp's split";
+      }
+      v.axes[sp] = axis_placement{placement_kind::split, To,
+                                  static_cast<std::uint8_t>(v.split_count(To))};
+    }
+  }
+  return v;
+}
+}  // namespace detail
+
 // X's layout, whole on tp: what a tensor-parallel region takes in. From a sequence-parallel
 // stream (split(t:tp)) it is an all-gather over tp; otherwise X's own layout. X is a tensor
 // type or an autodiff variable.
@@ -99,6 +130,17 @@ auto in_layout(const autodiff::variable<Y>& y) {
 template <sharded_tensor X>
 auto whole_on_tp(const autodiff::variable<X>& x) {
   return in_layout<tp_region_input<X>>(x);
+}
+
+// Ulysses' all-to-all: x's split over "sp" moved from dim From (the sequence) to dim To (the
+// heads), or back; x itself where "sp" does not split From (or the mesh has no "sp").
+//
+//   q "bntd" split(t:sp)  -> across_sp<'t', 'n'>(q) -> split(n:sp): every query of its heads
+template <char From, char To, sharded_tensor X>
+auto across_sp(const autodiff::variable<X>& x) {
+  return in_layout<
+      layout_of_t<with_layout<X, detail::moved_over_sp<typename X::mesh_type, From, To>(X::layout)>>>(
+      x);
 }
 
 }  // namespace zest
