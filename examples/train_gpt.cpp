@@ -240,6 +240,10 @@ inline const std::vector<option>& options() {
                          "tensor-parallel ranks, dividing the ranks: heads, the MLP's\n"
                          "hidden dim and the vocabulary split over them (Megatron), with\n"
                          "sequence parallelism between; dp (and ep) take the rest"),
+      number_option<int>("--sp", "N", &zf::sp, 1, std::numeric_limits<int>::max(),
+                         "Ulysses sequence-parallel ranks, dividing the ranks: the\n"
+                         "sequence split over them, the attention over heads by\n"
+                         "all-to-alls; with --tp, tp splits inside each sp block"),
       switch_option("--checked", &zf::checked,
                     "checked mode (as ZEST_CHECKED=1): before every collective the\n"
                     "ranks compare what they call, so a mismatch is an error naming\n"
@@ -578,20 +582,25 @@ void check_run(const flags& f, int world, int ranks_here) {
   if (!f.plot.empty()) check_writable("--plot", f.plot, false);
   if (!f.save.empty()) check_writable("--save", f.save, true);
   if (f.tp > 1 && f.device == "cuda") fail("--tp applies to --device cpu");
+  if (f.sp > 1 && f.device == "cuda") fail("--sp applies to --device cpu");
   if (world % f.tp != 0)
     fail("--tp " + std::to_string(f.tp) + " does not divide the " + std::to_string(world) +
          " ranks");
-  if (f.ep > 0 && (world / f.tp) % f.ep != 0)
-    fail("--ep " + std::to_string(f.ep) + " does not divide the " + std::to_string(world / f.tp) +
+  if ((world / f.tp) % f.sp != 0)
+    fail("--sp " + std::to_string(f.sp) + " does not divide the " + std::to_string(world / f.tp) +
          " ranks that --tp " + std::to_string(f.tp) + " leaves");
+  const int data_ranks = world / (f.tp * f.sp);
+  if (f.ep > 0 && data_ranks % f.ep != 0)
+    fail("--ep " + std::to_string(f.ep) + " does not divide the " + std::to_string(data_ranks) +
+         " ranks that --tp and --sp leave");
   if (f.moe && f.ep > 0 && f.experts % static_cast<std::size_t>(f.ep) != 0)
     fail("--ep " + std::to_string(f.ep) + " does not divide --experts " +
          std::to_string(f.experts));
   check_memory(f, mesh_sizes(f, world), ranks_here);
 }
 
-std::array<int, 3> mesh_sizes(const flags& f, int world) {
-  const int data = world / f.tp;  // dp x ep
+std::array<int, 4> mesh_sizes(const flags& f, int world) {
+  const int data = world / (f.tp * f.sp);  // dp x ep
   int ep = f.ep;
   if (ep == 0) {
     ep = 1;
@@ -601,10 +610,10 @@ std::array<int, 3> mesh_sizes(const flags& f, int world) {
       }
     }
   }
-  return {data / ep, ep, f.tp};
+  return {data / ep, ep, f.tp, f.sp};
 }
 
-memory_need estimate_memory(const flags& f, std::array<int, 3> sizes) {
+memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   memory_need m;
   // Rank 0: the one that holds the most. The planner's model has every parameter replicated
   // off the data axis: with --tp, an upper bound.
@@ -675,7 +684,7 @@ memory_need estimate_memory(const flags& f, std::array<int, 3> sizes) {
   return m;
 }
 
-void check_memory(const flags& f, std::array<int, 3> sizes, int ranks_here) {
+void check_memory(const flags& f, std::array<int, 4> sizes, int ranks_here) {
   const memory_need m = estimate_memory(f, sizes);
   const double available = machine_memory_bytes();
   const double need = m.total() * ranks_here;
@@ -781,7 +790,7 @@ void resolve_schedule(flags& f, const zest::json::value* saved, bool root) {
 
 #if !defined(ZEST_TRAIN_GPT_CUDA)
 // This build has no CUDA (ZEST_CUDA=OFF, or no nvcc/NCCL found): --device cuda says so.
-int train_gpt_example::train_on_cuda(const flags&, const zest::text_dataset&, std::array<int, 3>) {
+int train_gpt_example::train_on_cuda(const flags&, const zest::text_dataset&, std::array<int, 4>) {
   throw std::invalid_argument(
       "train_gpt: --device cuda: this build has no CUDA backend; configure with "
       "-DZEST_CUDA=ON on a machine with the CUDA toolkit and NCCL (scripts/gpu-check does)");
@@ -824,7 +833,7 @@ int main(int argc, char** argv) {
     resolve_schedule(f, saved_schedule, rank == 0);
     if (resumed && resumed->metadata.is_object())
       check_resumed_model(f, resumed->metadata.find("config"));
-    const std::array<int, 3> sizes = mesh_sizes(f, world);
+    const std::array<int, 4> sizes = mesh_sizes(f, world);
     const auto data = f.corpus.empty() ? zest::text_dataset::from_path()
                                        : zest::text_dataset::from_path(f.corpus);
     if (f.device == "cuda") return train_on_cuda(f, data, sizes);

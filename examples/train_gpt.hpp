@@ -44,16 +44,17 @@
 namespace train_gpt_example {
 
 // Data-parallel ranks "dp" times expert-parallel ranks "ep" (--ep, 1 unless --moe) times
-// tensor-parallel ranks "tp" (--tp), on a zest::mesh (--device cpu) or a zest::cuda_mesh
-// (--device cuda, no "tp" axis): train<P> takes the mesh type from the policy, and nothing
-// else in it knows where the tensors live. The batch is split over dp and ep; where the mesh
-// has "tp", the sequence is split over it too, so the models run Megatron's sequence
-// parallelism between their tensor-parallel regions (zest/nn/tensor_parallel.hpp); with
-// --tp 1 that axis has one rank and moves nothing.
+// tensor-parallel ranks "tp" (--tp) times Ulysses' sequence-parallel ranks "sp" (--sp), on a
+// zest::mesh (--device cpu) or a zest::cuda_mesh (--device cuda, "dp" x "ep" only): train<P>
+// takes the mesh type from the policy, and nothing else in it knows where the tensors live.
+// The batch is split over dp and ep; where the mesh has "sp" and "tp", the sequence is split
+// over them (tp nested inside sp), so the models run Ulysses' attention over sp and
+// Megatron's sequence parallelism between their tensor-parallel regions over tp
+// (zest/nn/tensor_parallel.hpp); an axis of one rank moves nothing.
 template <class Mesh>
 using token_layout = std::conditional_t<
     zest::has_tensor_axis<Mesh>,
-    zest::layout<zest::split<'b', "dp", "ep">, zest::split<'t', "tp">>,
+    zest::layout<zest::split<'b', "dp", "ep">, zest::split<'t', "sp", "tp">>,
     zest::layout<zest::split<'b', "dp", "ep">>>;
 
 struct flags {
@@ -89,6 +90,7 @@ struct flags {
   double aux_weight = 0.01;
   int ep = 0;  // 0: as many as the experts and ranks allow
   int tp = 1;
+  int sp = 1;
   // The model: gpt (zest::gpt) or llama (examples/llama.hpp).
   std::string arch = "gpt";
   std::size_t kv_heads = 0;  // llama: 0 on the command line: --heads (resolve_arch)
@@ -175,8 +177,8 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
 // `ranks_here` ranks on this machine. Throws std::invalid_argument naming the options.
 void check_run(const flags& f, int world, int ranks_here);
 
-// The mesh's sizes {dp, ep, tp} for `world` ranks (--ep, or its default, and --tp).
-std::array<int, 3> mesh_sizes(const flags& f, int world);
+// The mesh's sizes {dp, ep, tp, sp} for `world` ranks (--ep, or its default, --tp, --sp).
+std::array<int, 4> mesh_sizes(const flags& f, int world);
 
 // What a run needs per rank, estimated before anything is allocated: the model states by
 // the ZeRO planner (zest::plan_zero, for the largest byte vocabulary), the activations of
@@ -186,10 +188,10 @@ struct memory_need {
   double model_states = 0, activations = 0, bookkeeping = 0;
   double total() const { return model_states + activations + bookkeeping; }
 };
-memory_need estimate_memory(const flags& f, std::array<int, 3> sizes);
+memory_need estimate_memory(const flags& f, std::array<int, 4> sizes);
 // Throws std::invalid_argument, with the figures and the options behind the largest, when
 // `ranks_here` times the need exceeds the machine's memory (RAM, or the cgroup's limit).
-void check_memory(const flags& f, std::array<int, 3> sizes, int ranks_here);
+void check_memory(const flags& f, std::array<int, 4> sizes, int ranks_here);
 
 // --arch llama: sets --kv-heads (default --heads) and --hidden (default
 // llama_example::default_hidden) where not given, so that the log and the checkpoint's config
@@ -405,10 +407,10 @@ int train_with_precision(const flags& f, const Mesh& mesh, const zest::text_data
   });
 }
 
-// The mesh over all ranks ("dp" x "ep" x "tp" = sizes; a mesh without "tp" takes the first
-// two, tp being 1) and the run of the model in the precision asked for.
+// The mesh over all ranks ("dp" x "ep" x "tp" x "sp" = sizes; a mesh of two axes takes the
+// first two, tp and sp being 1) and the run of the model in the precision asked for.
 template <class Mesh, class Arch, class... Precisions>
-int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 3> sizes) {
+int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 4> sizes) {
   std::array<int, Mesh::axis_count> own{};
   for (std::size_t a = 0; a < own.size(); ++a) own[a] = sizes[a];
   const Mesh mesh(MPI_COMM_WORLD, own);
@@ -425,9 +427,9 @@ int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 3> 
 // of train_with_precision<cpu_mesh, ...>, declared extern in train_gpt.cpp), and those of
 // --arch llama in train_gpt_llama_fp32.cpp, ... (train_with_precision<cpu_mesh, ...,
 // llama_arch>).
-using cpu_mesh = zest::mesh<"dp", "ep", "tp">;
+using cpu_mesh = zest::mesh<"dp", "ep", "tp", "sp">;
 
 // --device cuda: defined in train_gpt_cuda.cu, compiled by nvcc when the build has CUDA.
-int train_on_cuda(const flags& f, const zest::text_dataset& data, std::array<int, 3> sizes);
+int train_on_cuda(const flags& f, const zest::text_dataset& data, std::array<int, 4> sizes);
 
 }  // namespace train_gpt_example

@@ -5,6 +5,6 @@
 #include "zest/cuda.hpp"
 
 int train_gpt_example::train_on_cuda(const flags& f, const zest::text_dataset& data,
-                                     std::array<int, 3> sizes) {
+                                     std::array<int, 4> sizes) {
   return train_on<zest::cuda_mesh<"dp", "ep">, gpt_arch>(f, data, sizes);
 }

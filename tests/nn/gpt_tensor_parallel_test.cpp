@@ -18,6 +18,7 @@
 #include "support/fixtures.hpp"
 #include "train/training_fixture.hpp"
 #include "zest/nn/gpt.hpp"
+#include "zest/zero/cost_model.hpp"
 
 namespace {
 using namespace zest;
@@ -112,6 +113,18 @@ TEST_CASE("gpt, tensor parallel: bytes over tp per step equal the formula, SP th
     CHECK(sp[collective::reduce_scatter].bytes_sent == gathered((4 * L + 2) * A));
     CHECK(sp[collective::all_gather].bytes_sent ==
           gathered((4 * L + 2) * A + o.context * o.width) + gathered(2 * rows));
+    // The planner's step model (zest/zero/cost_model.hpp) prices the same collectives: its
+    // figure is this rank's bytes but for the loss's one-value gradient.
+    transformer_config c = gpt_transformer("small", L, o.width, o.heads, o.vocab, o.context);
+    c.tied_output = false;
+    c.dropout = false;
+    parallel_layout pl{.dp = shape[0], .tp = shape[1], .zero_stage = 3};
+    pl.micro_batch = small_batch / static_cast<std::size_t>(shape[0]);
+    const double plan_tp = estimate_step(c, pl, cluster{}, fp32_adam).tensor.bytes_sent;
+    pl.sequence_parallel = P > 1;
+    const double plan_sp = estimate_step(c, pl, cluster{}, fp32_adam).tensor.bytes_sent;
+    CHECK(static_cast<double>(tp.bytes_sent() - scalar) == plan_tp);
+    if (P > 1) CHECK(static_cast<double>(sp.bytes_sent() - scalar) == plan_sp);
     // The activations: the same bytes either way.
     CHECK(sp[collective::all_gather].bytes_sent + sp[collective::reduce_scatter].bytes_sent -
               gathered(o.context * o.width + 2 * rows) ==

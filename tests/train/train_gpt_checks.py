@@ -22,9 +22,9 @@
       for every stage, 20 steps on each number of ranks against 20 steps on 1 rank: every
       step's loss to 1e-5 relative, and every tensor of the final checkpoint (parameters,
       master weights, Adam moments) to 1e-5 relative (absolute below 1); the loss decreases;
-      the log names the model (--arch and its config). An entry N/tpK of --ranks runs N
-      ranks with --tp K (K tensor-parallel ranks, the data axis the rest); the log's mesh
-      must say so.
+      the log names the model (--arch and its config). An entry N/tpK/spJ of --ranks runs
+      N ranks with --tp K and --sp J (either may be left out; the data axis takes the rest);
+      the log's mesh must say so.
   train_gpt_checks.py trains --dir D -- COMMAND...
       COMMAND (a run with --steps) trains: its applied steps' losses are finite and the last
       ones lower than the first ones.
@@ -288,8 +288,11 @@ def cmd_ranks(a):
     fresh(a.dir)
     ranks = []
     for r in a.ranks.split(","):
-        n, _, tp = r.partition("/tp")
-        ranks.append((int(n), int(tp) if tp else 1))
+        n, *axes = r.split("/")
+        sizes = {a[:2]: int(a[2:]) for a in axes}  # tpK, spK
+        if set(sizes) - {"tp", "sp"}:
+            fail("--ranks entry %r: expected N[/tpK][/spK]" % r)
+        ranks.append((int(n), sizes))
     stages = [int(s) for s in a.stages.split(",")]
     mpi = lambda n: [a.mpiexec, a.np_flag, str(n), a.train_gpt] + a.args
     for stage in stages:
@@ -307,17 +310,18 @@ def cmd_ranks(a):
         if arch == "llama" and (config.get("arch") != arch or
                                 config.get("tied_head") != ("--tie-head" in a.args)):
             fail("the log's config does not name the model: %r" % config)
-        for entry in ranks:
-            n, tp = entry
-            name = "zero%d_np%d%s" % (stage, n, "_tp%d" % tp if tp > 1 else "")
+        for n, sizes in ranks:
+            name = "zero%d_np%d" % (stage, n) + "".join("_%s%d" % kv for kv in sizes.items())
             log = os.path.join(a.dir, name + ".json")
             ckpt = os.path.join(a.dir, name)
-            extra = ["--tp", str(tp)] if tp > 1 else []
+            extra = [w for axis, k in sizes.items() for w in ("--" + axis, str(k))]
             run(mpi(n) + base + extra + ["--log", log, "--save", ckpt])
             mesh = read_log(log)["run"].get("mesh", "")
-            if tp > 1 and ("tp=%d" % tp) not in mesh:
-                fail("%s: the log's mesh %r has no tp=%d" % (name, mesh, tp))
-            what = "ZeRO-%d on %d ranks%s" % (stage, n, ", tp %d" % tp if tp > 1 else "")
+            for axis, k in sizes.items():
+                if ("%s=%d" % (axis, k)) not in mesh:
+                    fail("%s: the log's mesh %r has no %s=%d" % (name, mesh, axis, k))
+            what = "ZeRO-%d on %d ranks%s" % (
+                stage, n, "".join(", %s %d" % kv for kv in sizes.items()))
             worst_loss, worst_value, count = compare_runs(what, ref_log, ref_ckpt, log, ckpt)
             print("%s: 20 losses within %.2e, %d tensors within %.2e of 1 rank"
                   % (what, worst_loss, count, worst_value), flush=True)

@@ -268,21 +268,24 @@ TEST_CASE("cost model: Megatron's tensor-parallel collectives, with and without 
   cluster cl;
   cl.tensor = {1e9, 1e-6};
   const auto t = estimate_step(c, p, cl);
-  // 4 all-reduces per layer + the embedding's and the head's, of b s h bf16 elements (128 B):
-  // each sends 2 (n-1)/n x 128 = 128 B; the cross entropy's two of b s fp32 (32 B) send 32 B.
-  CHECK(t.tensor.calls == 4 * 2 + 2 + 2);
-  CHECK(t.tensor.bytes_sent == 10 * 128 + 2 * 32);
-  // Sequence parallelism: all-gathers + reduce-scatters of the same bytes, plus the
-  // replicated weights' gradients (norms and row-parallel biases) all-reduced once.
-  p.sequence_parallel = true;
-  const auto sp = estimate_step(c, p, cl);
   const auto replicated = static_cast<double>(plan_transformer(c, p).tensor_replicated_parameters);
   CHECK(replicated == 2 * (4 * 8 + 2 * 8) + 4 * 8 + 2 * 8);
-  CHECK(sp.tensor.bytes_sent == doctest::Approx(t.tensor.bytes_sent + replicated * 2));
+  // 4 all-reduces per layer + the embedding's and the head's, of b s h bf16 elements (128 B):
+  // each sends 2 (n-1)/n x 128 = 128 B; the cross entropy's three of b s bf16 (16 B) send
+  // 16 B; the replicated weights' gradients (norms, row-parallel biases, positions: bf16)
+  // once per step.
+  CHECK(t.tensor.calls == 4 * 2 + 2 + 3 + 1);
+  CHECK(t.tensor.bytes_sent == 10 * 128 + 3 * 16 + replicated * 2);
+  // Sequence parallelism: all-gathers + reduce-scatters of the same bytes, plus all-gathers
+  // of the ids and targets (b s int32, 32 B: 16 B sent each) and of the position table's
+  // gradient (s h bf16, 64 B: 32 B sent).
+  p.sequence_parallel = true;
+  const auto sp = estimate_step(c, p, cl);
+  CHECK(sp.tensor.bytes_sent == doctest::Approx(t.tensor.bytes_sent + 2 * 16 + 32));
   // Full recomputation repeats the forward's two per layer.
   p.sequence_parallel = false;
   p.recompute = recomputation::full;
-  CHECK(estimate_step(c, p, cl).tensor.calls == 6 * 2 + 2 + 2);
+  CHECK(estimate_step(c, p, cl).tensor.calls == 6 * 2 + 2 + 3 + 1);
 }
 
 TEST_CASE("cost model: the experts' all-to-alls") {

@@ -103,9 +103,13 @@ class transformer_block {
   template <sharded_tensor X>
   autodiff::variable<X> feed_forward(const autodiff::variable<X>& x, std::uint64_t seed) const {
     if constexpr (detail::has_expert_axis<mesh_t>) {
-      // The experts see the tokens whole on "tp" (each tp rank the same); the result goes
-      // back into x's layout (a slice where the stream is sequence-parallel: no collective).
-      if (moe_) return in_layout<layout_of_t<X>>((*moe_)(whole_on_tp(x), splitmix64(seed + 2)));
+      // The experts see whole sequences on "tp" and "sp" (each of their ranks the same); the
+      // result goes back into x's layout (a slice where the stream is split on the sequence:
+      // no collective).
+      if (moe_) {
+        return in_layout<layout_of_t<X>>(
+            (*moe_)(in_layout<sequence_whole<X>>(x), splitmix64(seed + 2)));
+      }
     }
     return (*mlp_)(x);
   }

@@ -186,14 +186,15 @@ class gpt {
         counts[E] += static_cast<double>(s.dropped);
         counts[E + 1] += static_cast<double>(s.assignments);
       }
-      // The batch is split over every axis but "tp" (each token on one rank of the others,
-      // and on every rank of tp): a plain sum, divided by tp's size.
+      // The batch is split over every axis but "tp" and "sp" (each token on one rank of the
+      // others, and on every rank of those): a plain sum, divided by their sizes.
       engine_->mesh().world().all_reduce(std::span<double>(counts), reduce_op::sum);
-      if constexpr (has_tensor_axis<mesh_t>) {
-        const auto tp = static_cast<double>(
-            engine_->mesh().size(zest::detail::axis_index_of<mesh_t>("tp")));
-        for (double& c : counts) c /= tp;
+      double copies = 1;
+      for (const char* axis : {"tp", "sp"}) {
+        const std::size_t a = zest::detail::axis_index_of<mesh_t>(axis);
+        if (a < mesh_t::axis_count) copies *= static_cast<double>(engine_->mesh().size(a));
       }
+      for (double& c : counts) c /= copies;
       r.tokens_per_expert.resize(E);
       for (std::size_t e = 0; e < E; ++e) r.tokens_per_expert[e] = std::llround(counts[e]);
       r.dropped_fraction = counts[E + 1] > 0 ? counts[E] / counts[E + 1] : 0;

@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 
 #include "zest/autodiff/tape.hpp"
@@ -59,21 +60,29 @@ using split_over_tp =
     std::conditional_t<has_tensor_axis<Mesh>, layout<split<D, "tp">>, layout<>>;
 
 namespace detail {
+// v with the named axis's split released (replicated there), if the mesh has that axis.
+// Only the innermost split of a dim can be released: a layout that nests another axis inside
+// it is refused.
 template <class Mesh>
-constexpr layout_value released_tp(layout_value v) {
-  constexpr std::size_t tp = axis_index_of<Mesh>("tp");
-  if constexpr (tp < Mesh::axis_count) {
-    if (v.is_split(tp)) {
-      // Nested splits inside tp's lose their blocks too: only tp's own is released here, so
-      // a layout that nests another axis inside tp is refused.
-      for (std::size_t a = 0; a < v.axis_count; ++a) {
-        if (a != tp && v.splits(a, v.axes[tp].dim) && v.axes[a].order > v.axes[tp].order)
-          throw "zest tensor_parallel: an axis is nested inside tp's split";
-      }
-      v.axes[tp] = axis_placement{};
+constexpr layout_value released_axis(layout_value v, std::string_view name) {
+  const std::size_t x = axis_index_of<Mesh>(name);
+  if (x < Mesh::axis_count && v.is_split(x)) {
+    for (std::size_t a = 0; a < v.axis_count; ++a) {
+      if (a != x && v.splits(a, v.axes[x].dim) && v.axes[a].order > v.axes[x].order)
+        throw "zest tensor_parallel: an axis is nested inside the released axis's split";
     }
+    v.axes[x] = axis_placement{};
   }
   return v;
+}
+template <class Mesh>
+constexpr layout_value released_tp(layout_value v) {
+  return released_axis<Mesh>(v, "tp");
+}
+// Whole on tp, then on sp (tp nests inside sp on the sequence).
+template <class Mesh>
+constexpr layout_value released_tp_sp(layout_value v) {
+  return released_axis<Mesh>(released_axis<Mesh>(v, "tp"), "sp");
 }
 }  // namespace detail
 
@@ -114,6 +123,12 @@ constexpr layout_value moved_over_sp(layout_value v) {
 template <class X, class T = typename detail::tensor_of<X>::type>
 using tp_region_input =
     layout_of_t<with_layout<T, detail::released_tp<typename T::mesh_type>(T::layout)>>;
+
+// X's layout, whole on tp and sp: what a layer that needs every token of a sequence takes
+// in (the experts: capacity is counted along a sequence).
+template <class X, class T = typename detail::tensor_of<X>::type>
+using sequence_whole =
+    layout_of_t<with_layout<T, detail::released_tp_sp<typename T::mesh_type>(T::layout)>>;
 
 // y in layout L (a layout type), y itself when it has it already.
 template <class L, sharded_tensor Y>

@@ -36,8 +36,13 @@
 //             forward and backward; 2 more under full recomputation), or with sequence
 //             parallelism the same bytes as all-gathers + reduce-scatters; the vocab-parallel
 //             embedding's forward and the head's backward (b s h each) and the cross
-//             entropy's max and sum (b s fp32 each); with sequence parallelism, the gradients
-//             of the weights replicated over tp (norms, biases) are all-reduced per step.
+//             entropy's row maxima, sums and target logits (b s each); per step the gradients
+//             of the weights replicated over tp (norms, biases, positions) all-reduced (zest
+//             reduces them also without sequence parallelism: a replicated use has a pending
+//             dual); with sequence parallelism, all-gathers of the ids and targets (int32,
+//             b s each) and of a learned position table's gradient (s h) per micro-batch.
+//             These are the bytes zest's communicators count, but for the loss's one-value
+//             gradient (tests/nn/gpt_tensor_parallel_test.cpp).
 //   ep        per expert layer and micro-batch 4 all-to-alls of the dispatched tokens
 //             (k c b s h; /tp with sequence parallelism; 2 more under full recomputation),
 //             and per step an all-reduce over ep of the gradients of the weights replicated
@@ -229,12 +234,16 @@ inline step_estimate estimate_step(const transformer_config& c, const parallel_l
   } else {
     out.tensor.add(collective::all_reduce, p.tp, activation, calls, cl.tensor);
   }
-  out.tensor.add(collective::all_reduce, p.tp, b * s * 4, 2 * micro, cl.tensor);
+  out.tensor.add(collective::all_reduce, p.tp, b * s * e, 3 * micro, cl.tensor);
+  out.tensor.add(collective::all_reduce, p.tp,
+                 static_cast<double>(plan.tensor_replicated_parameters) *
+                     static_cast<double>(precision.gradient_bytes),
+                 1, cl.tensor);
   if (p.sequence_parallel) {
-    out.tensor.add(collective::all_reduce, p.tp,
-                   static_cast<double>(plan.tensor_replicated_parameters) *
-                       static_cast<double>(precision.gradient_bytes),
-                   1, cl.tensor);
+    out.tensor.add(collective::all_gather, p.tp, b * s * 4, 2 * micro, cl.tensor);
+    if (c.position_table)
+      out.tensor.add(collective::all_gather, p.tp, s * h * static_cast<double>(precision.gradient_bytes),
+                     micro, cl.tensor);
   }
 
   // ep: the experts' all-to-alls and the replicated weights' gradients.
