@@ -228,7 +228,15 @@ inline const std::vector<option>& options() {
                     "every other block's MLP becomes a GShard mixture of experts"),
       number_option<std::size_t>("--experts", "N", &zf::experts, 1, 65536,
                                  "--moe: experts per MoE layer, at least --top-k"),
-      number_option<int>("--top-k", "K", &zf::top_k, 1, 2, "--moe: 2 (GShard) or 1 (Switch)"),
+      number_option<int>("--top-k", "K", &zf::top_k, 1, 65536,
+                         "--moe: experts per token: 2 (GShard), 1 (Switch), any k up to --experts"),
+      switch_option("--moe-capacity", &zf::moe_capacity,
+                    "--moe: experts of fixed capacity, tokens over it dropped (the default)"),
+      switch_option("--moe-dropless", &zf::moe_dropless,
+                    "--moe: every expert computes exactly the tokens routed to it"),
+      number_option<double>("--bias-update-rate", "U", &zf::bias_update_rate, 0, dmax,
+                            "--moe: balance by a routing bias, moved by U per step towards\n"
+                            "the mean load (DeepSeek-V3; 0: off)"),
       number_option<double>("--capacity-factor", "F", &zf::capacity_factor, 0, dmax,
                             "--moe: expert capacity factor", true),
       number_option<double>("--aux-weight", "W", &zf::aux_weight, 0, dmax,
@@ -329,7 +337,9 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
                     : std::string())
             << (f.moe
                     ? ", MoE " + std::to_string(f.experts) + " experts top-" +
-                          std::to_string(f.top_k) + " in " + std::to_string(moe_layers) + " layers"
+                          std::to_string(f.top_k) + " in " + std::to_string(moe_layers) +
+                          " layers" + (f.moe_dropless ? ", dropless" : "") +
+                          (f.bias_update_rate > 0 ? ", balanced by a routing bias" : "")
                     : std::string())
             << '\n';
   std::cout << "model states per rank: "
@@ -379,9 +389,14 @@ zest::json::value step_record(std::int64_t step, const zest::train_step_result& 
     rec.emplace_back("nll", moe->nll);
     rec.emplace_back("aux_loss", moe->aux_loss);
     rec.emplace_back("dropped_fraction", moe->dropped_fraction);
-    zest::json::array per_expert;
-    for (auto c : moe->tokens_per_expert) per_expert.emplace_back(c);
-    rec.emplace_back("tokens_per_expert", std::move(per_expert));
+    const auto array = [](const std::vector<std::int64_t>& v) {
+      zest::json::array a;
+      for (auto c : v) a.emplace_back(c);
+      return a;
+    };
+    rec.emplace_back("tokens_per_expert", array(moe->tokens_per_expert));
+    rec.emplace_back("load_per_expert", array(moe->load_per_expert));
+    rec.emplace_back("dropped_per_expert", array(moe->dropped_per_expert));
   }
   return zest::json::value(std::move(rec));
 }
@@ -401,6 +416,17 @@ std::string progress_text(const zest::train_step_result& r, double tokens_per_st
     line << "  aux " << zest::report::format_number(moe->aux_loss) << "  dropped "
          << zest::report::format_number(100 * moe->dropped_fraction) << "%  experts max/min " << *hi
          << "/" << *lo << " tok";
+    if (!moe->load_per_expert.empty()) {
+      // Every choice (all k): the load per expert, and the drops per expert where any.
+      line << "  load";
+      for (auto c : moe->load_per_expert) line << ' ' << c;
+      std::int64_t dropped = 0;
+      for (auto c : moe->dropped_per_expert) dropped += c;
+      if (dropped > 0) {
+        line << "  drops";
+        for (auto c : moe->dropped_per_expert) line << ' ' << c;
+      }
+    }
   }
   if (!r.report.applied)
     line << "  (skipped: inf/nan gradients at loss scale "
@@ -572,8 +598,13 @@ void check_run(const flags& f, int world, int ranks_here) {
            " is odd; RoPE rotates pairs of dims");
   }
   if (!f.moe) {
-    for (const char* o : {"--experts", "--top-k", "--capacity-factor", "--aux-weight", "--ep"})
+    for (const char* o : {"--experts", "--top-k", "--capacity-factor", "--aux-weight", "--ep",
+                          "--moe-capacity", "--moe-dropless", "--bias-update-rate"})
       if (f.was_given(o)) fail(std::string(o) + " applies to --moe runs only");
+  } else if (f.moe_capacity && f.moe_dropless) {
+    fail("--moe-capacity and --moe-dropless exclude each other");
+  } else if (f.moe_dropless && f.was_given("--capacity-factor")) {
+    fail("--capacity-factor applies to --moe-capacity runs (--moe-dropless has no capacity)");
   } else if (f.experts < static_cast<std::size_t>(f.top_k)) {
     fail("--experts " + std::to_string(f.experts) + " is fewer than --top-k " +
          std::to_string(f.top_k));
@@ -677,7 +708,8 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   double per_token = layers * (per_block_widths +
                                2 * static_cast<double>(f.heads) * static_cast<double>(f.context)) +
                      3 * 256;
-  if (f.moe) per_token += moe_layers * 2 * hidden * f.top_k * f.capacity_factor;
+  if (f.moe)
+    per_token += moe_layers * 2 * hidden * f.top_k * (f.moe_dropless ? 1.0 : f.capacity_factor);
   m.activations = 2 * 4 * tokens * per_token;
   // Every parameter tensor's bookkeeping (names, shards, Adam state, buffers): about 1 KiB.
   m.bookkeeping = 1024.0 * (5 + 12 * layers);

@@ -88,6 +88,9 @@ struct flags {
   int top_k = 2;
   double capacity_factor = 1.25;
   double aux_weight = 0.01;
+  bool moe_capacity = false;  // --moe-capacity: GShard's capacity routing (the default)
+  bool moe_dropless = false;  // --moe-dropless: every expert computes exactly its tokens
+  double bias_update_rate = 0;  // balancing without an aux loss: the routing bias's step
   int ep = 0;  // 0: as many as the experts and ranks allow
   int tp = 1;
   int sp = 1;
@@ -141,6 +144,7 @@ inline zest::json::value config_json(const flags& f, std::size_t vocab) {
   if (f.moe) {
     c.emplace_back("experts", static_cast<std::int64_t>(f.experts));
     c.emplace_back("top_k", static_cast<std::int64_t>(f.top_k));
+    if (f.moe_dropless) c.emplace_back("dropless", true);
   }
   if (f.arch != "gpt") {
     c.emplace_back("arch", f.arch);
@@ -160,7 +164,28 @@ inline std::size_t padded_vocab(std::size_t v) { return (v + 31) / 32 * 32; }
 struct moe_figures {
   double nll = 0, aux_loss = 0, dropped_fraction = 0;
   std::vector<std::int64_t> tokens_per_expert;
+  std::vector<std::int64_t> load_per_expert, dropped_per_expert;  // all k choices
 };
+
+// The expert layers' routing biases in a checkpoint's config ("routing_bias", one list per
+// layer) and back; an empty list where a layer has none.
+inline zest::json::value routing_bias_json(const std::vector<std::vector<double>>& biases) {
+  zest::json::array layers;
+  for (const auto& b : biases) {
+    zest::json::array values;
+    for (double v : b) values.emplace_back(v);
+    layers.emplace_back(std::move(values));
+  }
+  return layers;
+}
+inline std::vector<std::vector<double>> routing_bias_of(const zest::json::value& j) {
+  std::vector<std::vector<double>> out;
+  for (const auto& layer : j.as_array()) {
+    out.emplace_back();
+    for (const auto& v : layer.as_array()) out.back().push_back(v.as_number());
+  }
+  return out;
+}
 
 // The parts of a run that do not depend on the training policy: train<P> is compiled once
 // per policy (twelve times on the CPU), these once, in train_gpt.cpp (bench/README.md,
@@ -254,6 +279,8 @@ struct gpt_arch {
     go.experts = f.experts;
     go.gating.top_k = f.top_k;
     go.gating.capacity_factor = f.capacity_factor;
+    go.gating.dropless = f.moe_dropless;
+    go.gating.bias_update_rate = f.bias_update_rate;
     go.aux_weight = f.aux_weight;
     return go;
   }
@@ -285,8 +312,15 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     const auto info = zest::load_training_state(
         f.load, engine, {.corpus = data.identity(), .allow_other_corpus = false});
     zest::json::value saved = info.metadata["config"];
+    if constexpr (Arch::has_experts) {
+      // The routing biases are state (balancing without an aux loss): resumed as saved.
+      if (saved.is_object() && saved.contains("routing_bias"))
+        model.set_routing_biases(routing_bias_of(saved["routing_bias"]));
+    }
     if (saved.is_object())
-      std::erase_if(saved.as_object(), [](const auto& m) { return m.first == "schedule"; });
+      std::erase_if(saved.as_object(), [](const auto& m) {
+        return m.first == "schedule" || m.first == "routing_bias";
+      });
     if (saved != config_json(f, data.vocab_size())) {
       // Same tensors (else load_training_state refused) but another batch or seed.
       if (root)
@@ -330,7 +364,9 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     if constexpr (Arch::has_experts) {
       if (f.moe) {
         auto m = model.last_moe_report();
-        moe = {m.nll, m.aux_loss, m.dropped_fraction, std::move(m.tokens_per_expert)};
+        moe = {m.nll, m.aux_loss, m.dropped_fraction, std::move(m.tokens_per_expert),
+               std::move(m.load_per_expert), std::move(m.dropped_per_expert)};
+        if (f.bias_update_rate > 0) model.update_routing_bias();
       }
     }
     const moe_figures* moe_if = f.moe ? &moe : nullptr;
@@ -368,6 +404,9 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   if (!f.save.empty()) {
     zest::json::value config = config_json(f, data.vocab_size());
     config["schedule"] = schedule_json(schedule);  // resolve_schedule reads it on --load
+    if constexpr (Arch::has_experts) {
+      if (f.moe && f.bias_update_rate > 0) config["routing_bias"] = routing_bias_json(model.routing_biases());
+    }
     zest::save_training_state(f.save, engine, step, std::move(config), data.identity());
     if (root && !f.quiet) std::cout << "saved " << f.save << " at step " << step << '\n';
   }

@@ -228,7 +228,10 @@ TEST_CASE("top1_gating: Switch on the hand-computed group") {
   CHECK_THROWS_AS((void)moe::top1_gating(logits, o), shape_error);
   o.top_k = 1;
   CHECK_THROWS_AS((void)moe::top2_gating(logits, o), shape_error);
-  o.top_k = 3;
+  // Any k from 1 to E (3 here): top-3 routes, more than E or fewer than 1 is an error.
+  o.top_k = 4;
+  CHECK_THROWS_AS((void)moe::gating(logits, o), shape_error);
+  o.top_k = 0;
   CHECK_THROWS_AS((void)moe::gating(logits, o), shape_error);
 }
 

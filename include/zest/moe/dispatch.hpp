@@ -503,10 +503,12 @@ auto expert_feed_forward(const autodiff::variable<X>& x, const autodiff::variabl
 // where g_tokens and g_experts are this rank's extents of g on either side. Forward runs
 // each once; backward runs each once more (the dual redistributes, in the other direction).
 // Even splits: each is (n - 1)/n of the local block, so a step moves 4 (n - 1)/n blocks.
+// Dropless experts (zest/moe/dropless.hpp) send their rows' counts first, in forward only.
 struct all_to_all_volume {
   std::size_t to_experts = 0;
   std::size_t to_tokens = 0;
-  std::size_t forward() const { return to_experts + to_tokens; }
+  std::size_t counts = 0;
+  std::size_t forward() const { return to_experts + to_tokens + counts; }
   std::size_t backward() const { return to_experts + to_tokens; }
   std::size_t step() const { return forward() + backward(); }  // forward + backward
 };

@@ -1,4 +1,5 @@
-// zest/moe/gating.hpp — Mixture-of-Experts gating: GShard top-2 and Switch top-1 routing.
+// zest/moe/gating.hpp — Mixture-of-Experts gating: GShard top-2, Switch top-1, and top-k for
+// any k; capacity or dropless; an optional routing bias (balancing without an aux loss).
 //
 //   auto logits = autodiff::einsum<"gsm,me->gse">(x, w_gate);   // "gse" split(g:dp,ep)
 //   auto r = moe::top2_gating(logits, {.capacity_factor = 1.25, .seed = step});
@@ -67,6 +68,17 @@
 //   (c0, c1, c2 = 3, 1, 2). Had the first token's second choice not been routed, the fifth
 //   token's would take slot 1 of expert 1.
 //
+// Top-k for k > 2 (moe::gating): the k best experts by p in order (ties as above), gates
+//   g_j = p[e_j] / (p[e_0] + ... + p[e_k-1]); choice j's slots come after those of every
+//   choice < j (first choices, then second, then third, ...); no random routing (GShard's
+//   rule is for the second of two), a choice with a gate of exactly 0 is not routed.
+// Dropless (options.dropless): C = S, so no routed choice is over capacity (an expert takes at
+//   most one choice of each token); the slots are as above.
+// Routing bias (options.routing_bias, E values, DeepSeek-V3): the choice ranks experts by
+//   p[e] + bias[e] (ties as above); the gates, the losses and their gradients use p alone.
+//   Stats: routed_per_expert (the load: routed choices before capacity) and
+//   dropped_per_expert (routed, then over capacity) besides the counts above.
+//
 // Losses, scalars already averaged over all G groups (each rank adds its groups' share):
 //   aux_loss = (1/G) sum_g E * sum_e (c_ge / S) * m_ge,  c_ge = first choices of e in group g
 //     (constant), m_ge = mean over s of p[e]. This is GShard's (1/E) sum_e (c_e/S) m_e scaled
@@ -101,6 +113,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -122,23 +135,36 @@ namespace zest::moe {
 
 namespace detail {
 
-template <int K, fixed_string Op, sharded_tensor L>
-auto route(const autodiff::variable<L>& logits, const gating_options& o) {
+template <fixed_string Op, sharded_tensor L>
+auto route(const autodiff::variable<L>& logits, const gating_options& o, int required_k) {
   const L& lv = logits.value();
   const std::size_t G = lv.extent('g'), S = lv.extent('s'), E = lv.extent('e');
-  if (o.top_k != K) {
+  const int K = o.top_k;
+  if (required_k != 0 && K != required_k) {
     throw shape_error(zest::detail::message(
-        "zest: ", view_of<Op>, ": options.top_k is ", o.top_k, ", this gating routes to ", K,
-        " expert(s). Fix: set top_k = ", K, ", or call moe::gating(logits, options)"));
+        "zest: ", view_of<Op>, ": options.top_k is ", K, ", this gating routes to ", required_k,
+        " expert(s). Fix: set top_k = ", required_k, ", or call moe::gating(logits, options)"));
+  }
+  if (K < 1) {
+    throw shape_error(zest::detail::message("zest: ", view_of<Op>, ": options.top_k is ", K,
+                                            "; a token goes to at least 1 expert"));
   }
   if (G == 0 || S == 0 || E < static_cast<std::size_t>(K)) {
     throw shape_error(zest::detail::message(
         "zest: ", view_of<Op>, ": the logits \"gse\" are ", G, " x ", S, " x ", E, "; top-", K,
         " gating needs at least one group and token and ", K, " expert(s)"));
   }
+  if (!o.routing_bias.empty() && o.routing_bias.size() != E) {
+    throw shape_error(zest::detail::message(
+        "zest: ", view_of<Op>, ": options.routing_bias has ", o.routing_bias.size(),
+        " values, the logits \"gse\" have e = ", E, " experts; give one bias per expert or none"));
+  }
   const double factor = o.training ? o.capacity_factor : o.eval_capacity_factor;
-  const std::size_t C = expert_capacity(S, E, K, factor);
+  // Dropless: an expert takes at most one choice of each token of a group, so S slots hold
+  // every routed choice.
+  const std::size_t C = o.dropless ? S : expert_capacity(S, E, K, factor);
   const bool random = K == 2 && o.training && o.random_routing;
+  const auto k = static_cast<std::size_t>(K);
   using T = typename L::value_type;
   using B = typename L::backend_type;
   using mesh_t = typename L::mesh_type;
@@ -157,34 +183,45 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o) {
   r.tokens = S;
   r.experts = E;
   r.capacity = C;
-  r.k = K;
+  r.k = k;
   r.probs = typename B::template buffer<T>(n * E);
   r.lse = typename B::template buffer<T>(n);
-  r.expert = typename B::template buffer<std::int32_t>(n * K);
-  r.slot = typename B::template buffer<std::int32_t>(n * K);
+  r.expert = typename B::template buffer<std::int32_t>(n * k);
+  r.slot = typename B::template buffer<std::int32_t>(n * k);
   r.first_counts = typename B::template buffer<std::int64_t>(cells);
-  typename B::template buffer<std::int64_t> kept_counts(cells);
+  typename B::template buffer<std::int64_t> kept_counts(cells), routed_counts(cells);
+  std::optional<typename B::template buffer<T>> bias;
+  if (!o.routing_bias.empty()) {
+    const std::vector<T> values(o.routing_bias.begin(), o.routing_bias.end());
+    bias.emplace(B::template from_host<T>(std::span<const T>(values)));
+  }
 
-  for_each_kernel<B>(
-      n, route_token<T, K>{lv.local().data(), r.probs.data(), r.lse.data(), r.expert.data(), E});
-  for_each_kernel<B>(cells, assign_slots<T, K>{r.probs.data(), r.expert.data(), r.slot.data(),
-                                               r.first_counts.data(), kept_counts.data(), S, E, C,
-                                               lv.local_offsets()[0], splitmix64(o.seed), random});
+  for_each_kernel<B>(n, route_token<T>{lv.local().data(), r.probs.data(), r.lse.data(),
+                                       r.expert.data(), bias ? bias->data() : nullptr, E, k});
+  for_each_kernel<B>(cells, assign_slots<T>{r.probs.data(), r.expert.data(), r.slot.data(),
+                                            r.first_counts.data(), kept_counts.data(),
+                                            routed_counts.data(), S, E, C, lv.local_offsets()[0],
+                                            k, splitmix64(o.seed), random});
 
   // The statistics, from the counts per (group, expert).
   routing_stats stats;
   stats.tokens_per_expert.assign(E, 0);
+  stats.routed_per_expert.assign(E, 0);
   stats.kept_per_expert.assign(E, 0);
+  stats.dropped_per_expert.assign(E, 0);
   stats.tokens = static_cast<std::int64_t>(n);
-  stats.assignments = static_cast<std::int64_t>(n) * K;
+  stats.assignments = static_cast<std::int64_t>(n * k);
   {
-    std::vector<std::int64_t> first(cells), kept(cells);
+    std::vector<std::int64_t> first(cells), kept(cells), routed(cells);
     B::to_host(std::span<const std::int64_t>(r.first_counts.data(), cells), first.data());
     B::to_host(std::span<const std::int64_t>(kept_counts.data(), cells), kept.data());
+    B::to_host(std::span<const std::int64_t>(routed_counts.data(), cells), routed.data());
     std::int64_t kept_total = 0;
     for (std::size_t i = 0; i < cells; ++i) {
       stats.tokens_per_expert[i % E] += first[i];
+      stats.routed_per_expert[i % E] += routed[i];
       stats.kept_per_expert[i % E] += kept[i];
+      stats.dropped_per_expert[i % E] += routed[i] - kept[i];
       kept_total += kept[i];
     }
     stats.dropped = stats.assignments - kept_total;
@@ -195,15 +232,14 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o) {
   const std::size_t C_dense = o.one_hot ? C : 0;
   slot_t combine(mesh, {G, S, E, C_dense});
   slot_t dispatch(mesh, {G, S, E, C_dense});
-  index_t expert_index(mesh, {G, S, static_cast<std::size_t>(K)}, index_t::uninitialized);
-  index_t slot_index(mesh, {G, S, static_cast<std::size_t>(K)}, index_t::uninitialized);
-  weight_t weight(mesh, {G, S, static_cast<std::size_t>(K)}, weight_t::uninitialized);
+  index_t expert_index(mesh, {G, S, k}, index_t::uninitialized);
+  index_t slot_index(mesh, {G, S, k}, index_t::uninitialized);
+  weight_t weight(mesh, {G, S, k}, weight_t::uninitialized);
   for_each_kernel<B>(
-      n * K,
-      write_routing<T, K>{r.probs.data(), r.expert.data(), r.slot.data(),
-                          expert_index.local().data(), slot_index.local().data(),
-                          weight.local().data(), C_dense != 0 ? combine.local().data() : nullptr,
-                          C_dense != 0 ? dispatch.local().data() : nullptr, E, C});
+      n * k, write_routing<T>{r.probs.data(), r.expert.data(), r.slot.data(),
+                              expert_index.local().data(), slot_index.local().data(),
+                              weight.local().data(), C_dense != 0 ? combine.local().data() : nullptr,
+                              C_dense != 0 ? dispatch.local().data() : nullptr, E, C, k});
 
   // The losses: this rank's share of the means over all groups and tokens.
   double aux = sum_kernel<B>(cells, aux_term<T>{r.probs.data(), r.first_counts.data(), S, E});
@@ -272,7 +308,7 @@ auto top2_gating(const autodiff::variable<L>& logits, const gating_options& opti
   if constexpr (!detail::check_logits<"top2_gating", L>()) {
     return 0;
   } else {
-    return detail::route<2, "top2_gating">(logits, options);
+    return detail::route<"top2_gating">(logits, options, 2);
   }
 }
 
@@ -282,22 +318,21 @@ auto top1_gating(const autodiff::variable<L>& logits, const gating_options& opti
   if constexpr (!detail::check_logits<"top1_gating", L>()) {
     return 0;
   } else {
-    return detail::route<1, "top1_gating">(logits, options);
+    return detail::route<"top1_gating">(logits, options, 1);
   }
 }
 
-// top1_gating or top2_gating as options.top_k says; both return routing_for<L>::type.
+// Top-k gating for k = options.top_k, 1 <= k <= E: top1_gating for k = 1, top2_gating for
+// k = 2, and for k > 2 the same rules with k choices (gates renormalised over them, choice j's
+// slots after those of choices < j, no random routing); returns routing_for<L>::type.
 template <sharded_tensor L>
 auto gating(const autodiff::variable<L>& logits, const gating_options& options) {
   if constexpr (!detail::check_logits<"gating", L>()) {
     return 0;
   } else {
-    if (options.top_k == 1) return detail::route<1, "top1_gating">(logits, options);
-    if (options.top_k != 2) {
-      throw shape_error(zest::detail::message("zest: gating: options.top_k is ", options.top_k,
-                                              "; GShard routes to 2 experts, Switch to 1"));
-    }
-    return detail::route<2, "top2_gating">(logits, options);
+    if (options.top_k == 1) return detail::route<"top1_gating">(logits, options, 1);
+    if (options.top_k == 2) return detail::route<"top2_gating">(logits, options, 2);
+    return detail::route<"gating">(logits, options, 0);
   }
 }
 

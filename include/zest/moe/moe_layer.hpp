@@ -10,7 +10,7 @@
 //
 //   x "btm" -> "gsm"                                   relabel (free)
 //   logits  "gsm,me->gse"                              gate "me", fp32, no communication
-//   routing moe::gating (top-2 GShard or top-1 Switch, capacity C)
+//   routing moe::gating (top-k: 2 GShard, 1 Switch, any k; capacity C, or dropless)
 //   dispatch "egcm"                                    dispatch_by_index, or the einsum
 //                                                      "gsec,gsm->egcm" (index_path = false)
 //   all-to-all to the experts                          g's ExpertAxis split moves to e
@@ -28,8 +28,20 @@
 // given as template arguments the check is a compile-time error, and the constructor checks
 // that the mesh and E agree with them.
 //
+// With options.dropless the dispatch, experts and combine are moe::dropless_experts
+// (zest/moe/dropless.hpp): each expert computes exactly its routed tokens, nothing is dropped,
+// and the all-to-alls carry the per-expert counts first.
+//
+// With options.bias_update_rate > 0 the layer balances without an auxiliary loss
+// (DeepSeek-V3): a bias per expert, added to the probabilities for the choice of experts only,
+// starts at 0 and is updated by update_routing_bias() after each step (bias_e += rate *
+// sign(mean load - load_e), the load of the last forward counted over all ranks, so the bias
+// is the same on every rank). It is state: save routing_bias() with a checkpoint and give it
+// back with set_routing_bias().
+//
 // Collectives never depend on the routing: the capacity fixes every shape, so a rank whose
-// experts receive no token sends and receives its blocks like any other. The aux loss, the
+// experts receive no token sends and receives its blocks like any other; the dropless path
+// calls the same all-to-alls everywhere, with counts that differ. The aux loss, the
 // z-loss and the statistics of the last forward are kept: the caller adds k · aux_loss().
 //
 // Every backend: the layer is gating, dispatch and combine (zest/moe/gating.hpp,
@@ -37,13 +49,16 @@
 // of the routing but its counts) and autodiff's einsums and elementwise operations.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/ops.hpp"
@@ -53,6 +68,7 @@
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/moe/dispatch.hpp"
+#include "zest/moe/dropless.hpp"
 #include "zest/moe/gating.hpp"
 #include "zest/zero/engine.hpp"
 #include "zest/zero/parameter.hpp"
@@ -154,6 +170,8 @@ class moe_layer {
             std::size_t experts, const gating_options& options = {}, bool index_path = true,
             bool expert_biases = true, double residual_std = 0.02)
       : experts_(checked_experts(engine.mesh(), name, experts)),
+        mesh_(&engine.mesh()),
+        name_(name),
         options_(options),
         index_path_(index_path),
         gate_(engine, name + ".gate.weight", {width, experts}, init::normal{0.02}),
@@ -194,6 +212,43 @@ class moe_layer {
   const routing_stats& stats() const { return stats_; }
   std::size_t capacity() const { return capacity_; }
   const all_to_all_volume& last_all_to_all() const { return volume_; }
+
+  // Balancing without an auxiliary loss: the bias per expert added to the routing scores
+  // (empty: none). update_routing_bias() sums the last forward's routed assignments per expert
+  // over all ranks (one all-reduce of E numbers on every rank, a collective) and moves each
+  // bias by options().bias_update_rate towards the mean load; returns the load.
+  const std::vector<double>& routing_bias() const { return routing_bias_; }
+  void set_routing_bias(std::vector<double> bias) {
+    if (!bias.empty() && bias.size() != experts_) {
+      throw shape_error(zest::detail::message("zest: moe_layer '", name_, "': set_routing_bias: ",
+                                              bias.size(), " values for ", experts_, " experts"));
+    }
+    routing_bias_ = std::move(bias);
+  }
+  std::vector<std::int64_t> update_routing_bias() {
+    if (stats_.routed_per_expert.size() != experts_) {
+      throw std::logic_error(zest::detail::message(
+          "zest moe_layer '", name_, "': update_routing_bias() before the first forward"));
+    }
+    std::vector<double> load(stats_.routed_per_expert.begin(), stats_.routed_per_expert.end());
+    mesh_->world().all_reduce(std::span<double>(load), reduce_op::sum);
+    std::vector<std::int64_t> out(experts_);
+    double total = 0;
+    for (std::size_t e = 0; e < experts_; ++e) {
+      out[e] = std::llround(load[e]);
+      total += static_cast<double>(out[e]);
+    }
+    const double rate = options_.bias_update_rate;
+    if (rate > 0) {
+      if (routing_bias_.empty()) routing_bias_.assign(experts_, 0.0);
+      const double mean = total / static_cast<double>(experts_);
+      for (std::size_t e = 0; e < experts_; ++e) {
+        const double gap = mean - static_cast<double>(out[e]);
+        routing_bias_[e] += gap > 0 ? rate : gap < 0 ? -rate : 0.0;
+      }
+    }
+    return out;
+  }
 
   std::size_t experts() const { return experts_; }
   bool index_path() const { return index_path_; }
@@ -250,9 +305,25 @@ class moe_layer {
     using dispatched_t = basic_tensor<typename X::value_type, mesh_t, "egcm", tokens_t::layout>;
     auto logits = autodiff::einsum<"gsm,me->gse">(xg, gate_.value());
     gating_options routing_options = o;
-    routing_options.one_hot = !index_path_;  // the index path needs no one-hot tensors
+    // The index path and the dropless one need no one-hot tensors.
+    routing_options.one_hot = !index_path_ && !o.dropless;
+    if (!routing_bias_.empty()) routing_options.routing_bias = routing_bias_;
     auto r = gating(logits, routing_options);
     const std::size_t capacity = r.capacity;
+    if (o.dropless) {
+      all_to_all_volume volume;
+      auto z = b_in_ ? dropless_experts<ExpertAxis>(xg, r.weight, r.expert_index, r.slot_index,
+                                                    w_in_.value(), b_in_->value(), w_out_.value(),
+                                                    b_out_->value(), &volume)
+                     : dropless_experts<ExpertAxis>(xg, r.weight, r.expert_index, r.slot_index,
+                                                    w_in_.value(), w_out_.value(), &volume);
+      aux_.emplace(detail::conform<scalar_tensor>(r.aux_loss));
+      z_.emplace(detail::conform<scalar_tensor>(r.z_loss));
+      stats_ = std::move(r.stats);
+      capacity_ = capacity;
+      volume_ = volume;
+      return autodiff::relabel<X::dims>(z);
+    }
 
     auto dispatched = index_path_
                           ? dispatch_by_index(xg, r.expert_index, r.slot_index, experts_, capacity)
@@ -276,7 +347,10 @@ class moe_layer {
   }
 
   std::size_t experts_;
+  const mesh_t* mesh_;
+  std::string name_;
   gating_options options_;
+  std::vector<double> routing_bias_;
   bool index_path_;
   gate_type gate_;
   in_weight_type w_in_;

@@ -26,7 +26,8 @@
 namespace zest::moe {
 
 struct gating_options {
-  int top_k = 2;                      // 2: GShard; 1: Switch
+  int top_k = 2;                      // 2: GShard; 1: Switch; any k from 1 to E
+  bool dropless = false;              // no capacity: every routed choice is kept (C = S)
   double capacity_factor = 1.25;      // training
   double eval_capacity_factor = 2.0;  // evaluation
   bool training = true;
@@ -37,6 +38,12 @@ struct gating_options {
   // path reads only expert_index, slot_index and weight; without them combine and dispatch
   // have capacity extent 0 (they grow as S^2 and are the layer's largest activations).
   bool one_hot = true;
+  // Balancing without an auxiliary loss (DeepSeek-V3): a bias per expert added to the
+  // probabilities for the choice of experts only, never to the gates. Empty: none; else E
+  // values, read during the call (moe_layer keeps them and updates them after each step by
+  // bias_update_rate * sign(mean load - load), the load counted over all ranks; 0: no updates).
+  std::span<const double> routing_bias{};
+  double bias_update_rate = 0;
 };
 
 // C = ceil(k * S / E * factor), at least 1. Rounding noise in the product (20 * 1.1 =
@@ -56,11 +63,13 @@ inline std::size_t expert_capacity(std::size_t tokens_per_group, std::size_t exp
 
 // Counts over this rank's groups; totals over ranks are sums (the caller's business).
 struct routing_stats {
-  std::vector<std::int64_t> tokens_per_expert;  // first choices per expert (before capacity)
-  std::vector<std::int64_t> kept_per_expert;    // assignments kept (all k), after capacity
+  std::vector<std::int64_t> tokens_per_expert;   // first choices per expert (before capacity)
+  std::vector<std::int64_t> routed_per_expert;   // assignments routed (all k), before capacity
+  std::vector<std::int64_t> kept_per_expert;     // assignments kept (all k), after capacity
+  std::vector<std::int64_t> dropped_per_expert;  // routed, then over capacity
   std::int64_t tokens = 0;                      // local tokens
   std::int64_t assignments = 0;                 // tokens * top_k
-  std::int64_t dropped = 0;  // assignments dropped (over capacity, or 2nd choice not routed)
+  std::int64_t dropped = 0;  // assignments dropped (over capacity, or a later choice not routed)
 };
 
 // Dims of the routing tensors: g group, s token, e expert, c slot, k choice.

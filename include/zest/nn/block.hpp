@@ -94,6 +94,7 @@ class transformer_block {
   const auto& expert_layer() const requires detail::has_expert_axis<typename P::mesh_type> {
     return *moe_;
   }
+  auto& expert_layer() requires detail::has_expert_axis<typename P::mesh_type> { return *moe_; }
 
  private:
   using mesh_t = typename P::mesh_type;

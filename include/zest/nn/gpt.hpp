@@ -165,6 +165,8 @@ class gpt {
     double z_loss = 0;
     double dropped_fraction = 0;                  // of all assignments, over all layers
     std::vector<std::int64_t> tokens_per_expert;  // top-1, summed over layers
+    std::vector<std::int64_t> load_per_expert;     // routed choices (all k), summed over layers
+    std::vector<std::int64_t> dropped_per_expert;  // of those, over capacity
   };
   moe_report last_moe_report() const {
     moe_report r;
@@ -174,7 +176,7 @@ class gpt {
       // Per expert, then dropped, assignments, aux and z: one reduction for all. The aux and
       // z scalars are pending sums on every axis, so each rank adds its part.
       const std::size_t E = options_.experts;
-      std::vector<double> counts(E + 4, 0.0);
+      std::vector<double> counts(3 * E + 4, 0.0);
       for (const auto& b : blocks_) {
         if (!b->is_moe()) continue;
         const auto& layer = b->expert_layer();
@@ -185,6 +187,10 @@ class gpt {
           counts[e] += static_cast<double>(s.tokens_per_expert[e]);
         counts[E] += static_cast<double>(s.dropped);
         counts[E + 1] += static_cast<double>(s.assignments);
+        for (std::size_t e = 0; e < E; ++e) {
+          counts[E + 4 + e] += static_cast<double>(s.routed_per_expert[e]);
+          counts[2 * E + 4 + e] += static_cast<double>(s.dropped_per_expert[e]);
+        }
       }
       // The batch is split over every axis but "tp" and "sp" (each token on one rank of the
       // others, and on every rank of those): a plain sum, divided by their sizes.
@@ -196,12 +202,48 @@ class gpt {
       }
       for (double& c : counts) c /= copies;
       r.tokens_per_expert.resize(E);
-      for (std::size_t e = 0; e < E; ++e) r.tokens_per_expert[e] = std::llround(counts[e]);
+      r.load_per_expert.resize(E);
+      r.dropped_per_expert.resize(E);
+      for (std::size_t e = 0; e < E; ++e) {
+        r.tokens_per_expert[e] = std::llround(counts[e]);
+        r.load_per_expert[e] = std::llround(counts[E + 4 + e]);
+        r.dropped_per_expert[e] = std::llround(counts[2 * E + 4 + e]);
+      }
       r.dropped_fraction = counts[E + 1] > 0 ? counts[E] / counts[E + 1] : 0;
       r.aux_loss = counts[E + 2];
       r.z_loss = counts[E + 3];
     }
     return r;
+  }
+
+  // Balancing without an auxiliary loss (gating.bias_update_rate > 0): after each step, every
+  // expert layer's routing bias moves towards its mean load (moe_layer::update_routing_bias,
+  // a collective). The biases are state: routing_biases() to save, set_routing_biases() to
+  // restore (one list per expert layer, in block order).
+  void update_routing_bias() {
+    if constexpr (detail::has_expert_axis<mesh_t>) {
+      for (auto& b : blocks_)
+        if (b->is_moe()) b->expert_layer().update_routing_bias();
+    }
+  }
+  std::vector<std::vector<double>> routing_biases() const {
+    std::vector<std::vector<double>> out;
+    if constexpr (detail::has_expert_axis<mesh_t>) {
+      for (const auto& b : blocks_)
+        if (b->is_moe()) out.push_back(b->expert_layer().routing_bias());
+    }
+    return out;
+  }
+  void set_routing_biases(const std::vector<std::vector<double>>& biases) {
+    if (biases.size() != moe_layer_count()) {
+      throw shape_error(detail::message("zest gpt: set_routing_biases: ", biases.size(),
+                                        " lists for ", moe_layer_count(), " expert layers"));
+    }
+    if constexpr (detail::has_expert_axis<mesh_t>) {
+      std::size_t i = 0;
+      for (auto& b : blocks_)
+        if (b->is_moe()) b->expert_layer().set_routing_bias(biases[i++]);
+    }
   }
 
   // The parameter list as the planner sees it (zest/zero/planner.hpp).

@@ -15,6 +15,7 @@
 #include "zest/autodiff/rope.hpp"
 #include "zest/autodiff/shape_ops.hpp"
 #include "zest/moe/dispatch.hpp"
+#include "zest/moe/dropless.hpp"
 #include "zest/moe/gating.hpp"
 #include "zest/moe/moe_layer.hpp"
 
@@ -122,6 +123,30 @@ outcome moe_pipeline_case(C& c) {
   auto y = moe::to_token_layout<decltype(d)::tensor_type::layout>(h);
   return c.finish(moe::combine_by_index(y, r.weight, r.expert_index, r.slot_index), x, logits, w_in,
                   w_out);
+}
+
+// Dropless experts with biases over dp (every rank both a token and an expert rank): top-3
+// gating without capacity, a routing bias, the counts and rows all-to-alls, the per-expert
+// GEMMs, combine.
+template <class C>
+outcome dropless_case(C& c) {
+  using T = typename C::value_type;
+  using M = typename C::mesh_type;
+  using expert_split = layout<split<'e', "dp">>;
+  static const std::vector<double> bias{0.05, 0, -0.05, 0.1};
+  auto x = moe_tokens_x(c);
+  auto logits = gate_logits(c);
+  moe::gating_options o{.top_k = 3, .dropless = true, .one_hot = false};
+  o.routing_bias = bias;
+  auto r = moe::gating(logits, o);
+  c.observe(r.slot_index);
+  auto w_in = c.template param<tensor<T, M, "emh", expert_split>>({moe_experts, moe_width, 5}, 27);
+  auto b_in = c.template param<tensor<T, M, "eh", expert_split>>({moe_experts, 5}, 29);
+  auto w_out = c.template param<tensor<T, M, "ehm", expert_split>>({moe_experts, 5, moe_width}, 28);
+  auto b_out = c.template param<tensor<T, M, "em", expert_split>>({moe_experts, moe_width}, 30);
+  return c.finish(moe::dropless_experts<"dp">(x, r.weight, r.expert_index, r.slot_index, w_in,
+                                              b_in, w_out, b_out),
+                  x, logits, w_in, b_in, w_out, b_out);
 }
 
 // moe_layer under ZeRO 3 (experts over "tp", the engine's gradient collectives): the output,
@@ -508,6 +533,15 @@ inline auto all_ops() {
       op("MoE layer pieces (all-to-all, experts)", {64, 16},
          [](auto& c) { return moe_pipeline_case(c); }),
       op<2>("moe_layer under ZeRO 3 (float)", {64, 16}, [](auto& c) { return moe_layer_case(c); }),
+      op("top-3 gating, routing bias, tight capacity", exact,
+         [](auto& c) {
+           static const std::vector<double> bias{0.1, -0.1, 0, 0.05};
+           moe::gating_options o{.top_k = 3, .capacity_factor = 0.5};
+           o.routing_bias = bias;
+           return gating_case(c, o);
+         }),
+      op("dropless experts (counts, rows, per-expert GEMMs)", {64, 16},
+         [](auto& c) { return dropless_case(c); }),
   };
 }
 

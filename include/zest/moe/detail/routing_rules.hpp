@@ -43,23 +43,31 @@ ZEST_HOST_DEVICE T softmax_row(const T* x, T* p, std::size_t n) {
   return m + dmath::log(sum);
 }
 
-// The index of the largest p[e], e != skip. Ties (probabilities that underflow to the same
-// value, 0 most often, when logits are far apart) go to the larger logit x[e], then to the
-// lowest index: p alone would pick the lowest index among experts whose logits differ.
+// The index of the largest score p[e] + bias[e] (bias null: p[e]) among the experts not in
+// chosen[0, j). Ties (probabilities that underflow to the same value, 0 most often, when
+// logits are far apart) go to the larger logit x[e], then to the lowest index: p alone would
+// pick the lowest index among experts whose logits differ.
 template <class T>
-ZEST_HOST_DEVICE std::size_t argmax_except(const T* p, const T* x, std::size_t n,
-                                           std::size_t skip) {
+ZEST_HOST_DEVICE std::size_t argmax_excluding(const T* p, const T* bias, const T* x, std::size_t n,
+                                              const std::int32_t* chosen, std::size_t j) {
   std::size_t best = n;
+  T best_score = T(0);
   for (std::size_t e = 0; e < n; ++e) {
-    if (e == skip) continue;
-    if (best == n || p[e] > p[best] || (p[e] == p[best] && x[e] > x[best])) best = e;
+    bool taken = false;
+    for (std::size_t i = 0; i < j; ++i) taken = taken || chosen[i] == static_cast<std::int32_t>(e);
+    if (taken) continue;
+    const T score = bias != nullptr ? p[e] + bias[e] : p[e];
+    if (best == n || score > best_score || (score == best_score && x[e] > x[best])) {
+      best = e;
+      best_score = score;
+    }
   }
   return best;
 }
 
-// Whether a second choice with gate g2 is routed (takes a slot, if one is free): never with
-// a zero gate (it would be dispatched and combined with weight 0: a slot taken for nothing);
-// under random routing only when the token's draw u < 2 * g2 (GShard).
+// Whether a choice after the first with gate g2 is routed (takes a slot, if one is free):
+// never with a zero gate (it would be dispatched and combined with weight 0: a slot taken for
+// nothing); under random routing (top-2 only) only when the token's draw u < 2 * g2 (GShard).
 ZEST_HOST_DEVICE inline bool routes_second(double g2, bool random, double u) {
   return g2 > 0 && (!random || u < 2 * g2);
 }
