@@ -268,6 +268,15 @@ def compare_runs(what, ref_log, ref_ckpt, log, ckpt):
         if rel > 1e-5:
             fail("%s: step %d: loss %r on 1 rank, %r here (%.2e relative)" %
                  (what, x["step"], x["loss"], y["loss"], rel))
+        # The experts' figures, summed over the ranks that hold distinct tokens.
+        for key in ("nll", "aux_loss"):
+            if key in x and abs(x[key] - y.get(key, float("nan"))) > 1e-5 * max(1.0, abs(x[key])):
+                fail("%s: step %d: %s %r on 1 rank, %r here" % (what, x["step"], key, x[key],
+                                                                y.get(key)))
+        for key in ("tokens_per_expert", "load_per_expert", "dropped_per_expert"):
+            if key in x and x[key] != y.get(key):
+                fail("%s: step %d: %s %r on 1 rank, %r here" % (what, x["step"], key, x[key],
+                                                                y.get(key)))
     ref, got = read_checkpoint(ref_ckpt), read_checkpoint(ckpt)
     if sorted(ref) != sorted(got):
         fail("%s: the checkpoints hold other tensors: %r vs %r" % (what, sorted(ref), sorted(got)))

@@ -193,14 +193,17 @@ class gpt {
         }
       }
       // The batch is split over every axis but "tp" and "sp" (each token on one rank of the
-      // others, and on every rank of those): a plain sum, divided by their sizes.
+      // others, and on every rank of those): a plain sum, the counts divided by those axes'
+      // sizes (the aux and z scalars are summands already: one rank of them holds each).
       engine_->mesh().world().all_reduce(std::span<double>(counts), reduce_op::sum);
       double copies = 1;
       for (const char* axis : {"tp", "sp"}) {
         const std::size_t a = zest::detail::axis_index_of<mesh_t>(axis);
         if (a < mesh_t::axis_count) copies *= static_cast<double>(engine_->mesh().size(a));
       }
-      for (double& c : counts) c /= copies;
+      for (std::size_t i = 0; i < counts.size(); ++i) {
+        if (i != E + 2 && i != E + 3) counts[i] /= copies;
+      }
       r.tokens_per_expert.resize(E);
       r.load_per_expert.resize(E);
       r.dropped_per_expert.resize(E);
