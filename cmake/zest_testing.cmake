@@ -1,7 +1,7 @@
 # zest_testing.cmake — zest_add_test() and the pieces every test shares.
 #
 #   zest_add_test(<name> SOURCES <files...>
-#                 [MPI] [NPROCS <n...>] [LABELS <labels...>] [SUITES <suites...>]
+#                 [MPI] [NPROCS <n...>] [LABELS <labels...>] [SUITES <suites...>] [UNITY]
 #                 [LINK_LIBRARIES <targets...>] [ARGS <args...>] [TIMEOUT <seconds>])
 #
 # A plain test is one doctest executable, registered as the CTest test <name>; its main()
@@ -13,7 +13,11 @@
 # compile their common instantiations once), each a doctest suite (`* doctest::test_suite
 # ("<suite>")` on its cases). Every suite is registered as a test of its own, named after
 # the suite instead of <name> (<suite>, or <suite>_np<N>), which runs that suite's cases
-# only (--test-suite=<suite>); the target is still zest_test_<name>.
+# only (--test-suite=<suite>); the target is still zest_test_<name>. A source file names
+# its suite with TEST_SUITE_BEGIN("<suite>"); ... TEST_SUITE_END(); around its cases.
+# UNITY: the SOURCES are compiled as one translation unit (CMake's unity build), so that
+# the tests of several files share that TU's instantiations; with SUITES, each file's
+# tests stay tests of their own.
 # Sources include shared helpers relative to tests/: "support/mpi_test.hpp".
 #
 #   zest_add_test(host_contract SOURCES contract_test.cpp)
@@ -82,7 +86,7 @@ set(ZEST_USAGE_OPTIONS [==[$<TARGET_PROPERTY:zest,INTERFACE_COMPILE_OPTIONS>]==]
 endfunction()
 
 function(zest_add_test name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "MPI" "TIMEOUT" "SOURCES;NPROCS;LABELS;LINK_LIBRARIES;ARGS;SUITES")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "MPI;UNITY" "TIMEOUT" "SOURCES;NPROCS;LABELS;LINK_LIBRARIES;ARGS;SUITES")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "zest_add_test(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
   endif()
@@ -113,6 +117,9 @@ function(zest_add_test name)
   zest_enable_warnings(${target})
   if(TARGET zest_test_pch)
     target_precompile_headers(${target} REUSE_FROM zest_test_pch)
+  endif()
+  if(arg_UNITY)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
   endif()
 
   # The tests: <name> running everything, or one per suite running that suite.

@@ -1,8 +1,9 @@
 // ZeRO stages 0 to 3: equivalence with one rank, bytes and memory against the formulas
-// (train/zero_stage_checks.hpp). One translation unit for the four stages: they share the
-// model, the autodiff and the communication code that a TU otherwise compiles anew, so this
-// TU costs about half of four (bench/README.md). Each stage's cases form the doctest suite
-// train_zero<K>, which CTest runs as the tests train_zero<K>_np<N> (tests/train/CMakeLists.txt).
+// (train/zero_stage_checks.hpp). One translation unit for the four stages (and, by the
+// unity build of tests/train/CMakeLists.txt, for mixed precision and checkpoints): they
+// share the model, the autodiff and the communication code that a TU otherwise compiles
+// anew (bench/README.md). Each stage's cases form the doctest suite train_zero<K>, which
+// CTest runs as the tests train_zero<K>_np<N>.
 #include <doctest/doctest.h>
 
 #include "train/zero_stage_checks.hpp"
