@@ -1,7 +1,7 @@
 # zest_testing.cmake — zest_add_test() and the pieces every test shares.
 #
 #   zest_add_test(<name> SOURCES <files...>
-#                 [MPI] [NPROCS <n...>] [LABELS <labels...>]
+#                 [MPI] [NPROCS <n...>] [LABELS <labels...>] [SUITES <suites...>] [UNITY]
 #                 [LINK_LIBRARIES <targets...>] [ARGS <args...>] [TIMEOUT <seconds>])
 #
 # A plain test is one doctest executable, registered as the CTest test <name>; its main()
@@ -9,6 +9,15 @@
 # (doctest on every rank, checked mode on, exit code = max over ranks); it is registered
 # once per process count, as <name>_np<N> (N in NPROCS, default 1 2 4), labelled `mpi`; a
 # build without MPI (ZEST_WITH_MPI=OFF) skips it.
+# SUITES: the executable holds several tests that share one translation unit (and so
+# compile their common instantiations once), each a doctest suite (`* doctest::test_suite
+# ("<suite>")` on its cases). Every suite is registered as a test of its own, named after
+# the suite instead of <name> (<suite>, or <suite>_np<N>), which runs that suite's cases
+# only (--test-suite=<suite>); the target is still zest_test_<name>. A source file names
+# its suite with TEST_SUITE_BEGIN("<suite>"); ... TEST_SUITE_END(); around its cases.
+# UNITY: the SOURCES are compiled as one translation unit (CMake's unity build), so that
+# the tests of several files share that TU's instantiations; with SUITES, each file's
+# tests stay tests of their own.
 # Sources include shared helpers relative to tests/: "support/mpi_test.hpp".
 #
 #   zest_add_test(host_contract SOURCES contract_test.cpp)
@@ -77,7 +86,7 @@ set(ZEST_USAGE_OPTIONS [==[$<TARGET_PROPERTY:zest,INTERFACE_COMPILE_OPTIONS>]==]
 endfunction()
 
 function(zest_add_test name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "MPI" "TIMEOUT" "SOURCES;NPROCS;LABELS;LINK_LIBRARIES;ARGS")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "MPI;UNITY" "TIMEOUT" "SOURCES;NPROCS;LABELS;LINK_LIBRARIES;ARGS;SUITES")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "zest_add_test(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
   endif()
@@ -109,14 +118,29 @@ function(zest_add_test name)
   if(TARGET zest_test_pch)
     target_precompile_headers(${target} REUSE_FROM zest_test_pch)
   endif()
+  if(arg_UNITY)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
+  endif()
+
+  # The tests: <name> running everything, or one per suite running that suite.
+  set(tests "${name}")
+  if(arg_SUITES)
+    set(tests ${arg_SUITES})
+  endif()
 
   if(NOT arg_MPI)
     target_link_libraries(${target} PRIVATE zest_test_doctest_main)
-    add_test(NAME "${name}" COMMAND ${target} ${arg_ARGS})
-    set_tests_properties("${name}" PROPERTIES
-      LABELS "${arg_LABELS}"
-      TIMEOUT ${arg_TIMEOUT}
-      ENVIRONMENT "${ZEST_TEST_ENVIRONMENT}")
+    foreach(test IN LISTS tests)
+      set(args ${arg_ARGS})
+      if(arg_SUITES)
+        list(APPEND args "--test-suite=${test}")
+      endif()
+      add_test(NAME "${test}" COMMAND ${target} ${args})
+      set_tests_properties("${test}" PROPERTIES
+        LABELS "${arg_LABELS}"
+        TIMEOUT ${arg_TIMEOUT}
+        ENVIRONMENT "${ZEST_TEST_ENVIRONMENT}")
+    endforeach()
     return()
   endif()
 
@@ -124,16 +148,22 @@ function(zest_add_test name)
   if(NOT arg_NPROCS)
     set(arg_NPROCS 1 2 4)
   endif()
-  foreach(n IN LISTS arg_NPROCS)
-    add_test(NAME "${name}_np${n}"
-      COMMAND "${MPIEXEC_EXECUTABLE}" ${MPIEXEC_NUMPROC_FLAG} ${n} ${MPIEXEC_PREFLAGS}
-              "$<TARGET_FILE:${target}>" ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
-    # PROCESSORS: ctest -jN never runs more ranks than N at once (a 4-rank test with -j2
-    # runs alone). The TIMEOUT is the last resort behind checked mode's watchdog.
-    set_tests_properties("${name}_np${n}" PROPERTIES
-      LABELS "mpi;${arg_LABELS}"
-      PROCESSORS ${n}
-      TIMEOUT ${arg_TIMEOUT}
-      ENVIRONMENT "${ZEST_TEST_ENVIRONMENT}")
+  foreach(test IN LISTS tests)
+    set(args ${arg_ARGS})
+    if(arg_SUITES)
+      list(APPEND args "--test-suite=${test}")
+    endif()
+    foreach(n IN LISTS arg_NPROCS)
+      add_test(NAME "${test}_np${n}"
+        COMMAND "${MPIEXEC_EXECUTABLE}" ${MPIEXEC_NUMPROC_FLAG} ${n} ${MPIEXEC_PREFLAGS}
+                "$<TARGET_FILE:${target}>" ${MPIEXEC_POSTFLAGS} ${args})
+      # PROCESSORS: ctest -jN never runs more ranks than N at once (a 4-rank test with -j2
+      # runs alone). The TIMEOUT is the last resort behind checked mode's watchdog.
+      set_tests_properties("${test}_np${n}" PROPERTIES
+        LABELS "mpi;${arg_LABELS}"
+        PROCESSORS ${n}
+        TIMEOUT ${arg_TIMEOUT}
+        ENVIRONMENT "${ZEST_TEST_ENVIRONMENT}")
+    endforeach()
   endforeach()
 endfunction()

@@ -20,6 +20,10 @@
 #include "zest/io/checksum.hpp"
 #include "zest/train/checkpoint.hpp"
 
+// The suite that CTest's train_checkpoint_np<N> run (tests/train/CMakeLists.txt: this file,
+// zero_stages_test.cpp and mixed_precision_test.cpp are one translation unit).
+TEST_SUITE_BEGIN("train_checkpoint");
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -234,3 +238,5 @@ TEST_CASE("a checkpoint of another corpus is refused, naming both identities") {
 }
 
 }  // namespace
+
+TEST_SUITE_END();

@@ -11,6 +11,10 @@
 #include "train/training_fixture.hpp"
 #include "zest/zero/planner.hpp"
 
+// The suite that CTest's train_mixed_precision_np<N> run (tests/train/CMakeLists.txt: this
+// file, zero_stages_test.cpp and checkpoint_test.cpp are one translation unit).
+TEST_SUITE_BEGIN("train_mixed_precision");
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -94,3 +98,5 @@ TEST_CASE("float16 loss scaling skips a step with an inf and recovers") {
 }
 
 }  // namespace
+
+TEST_SUITE_END();

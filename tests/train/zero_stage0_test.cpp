@@ -1,3 +1,0 @@
-// ZeRO stage 0: equivalence with one rank, bytes and memory against the formulas.
-inline constexpr int test_stage = 0;
-#include "train/zero_stage_checks.hpp"
