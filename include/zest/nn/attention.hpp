@@ -12,6 +12,7 @@
 #include <cmath>
 #include <string>
 
+#include "zest/autodiff/checkpoint.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/relabel.hpp"
 #include "zest/nn/linear.hpp"
@@ -25,7 +26,8 @@ class causal_self_attention {
   // `residual_std`: the output projection's init (GPT-2 scales it by 1/sqrt(2 layers)).
   causal_self_attention(zero_engine<P>& engine, const std::string& name, std::size_t width,
                         std::size_t heads, double residual_std = 0.02)
-      : heads_(heads),
+      : engine_(&engine),
+        heads_(heads),
         head_dim_(check_heads(width, heads)),
         q_(engine, name + ".q", {width, heads, head_dim_}, {heads, head_dim_}),
         k_(engine, name + ".k", {width, heads, head_dim_}, {heads, head_dim_}),
@@ -39,9 +41,15 @@ class causal_self_attention {
         autodiff::scale(q_(x), static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
     auto k = relabel<"bnsd">(k_(x));
     auto v = relabel<"bnsd">(v_(x));
-    auto scores = autodiff::einsum<"bntd,bnsd->bnts">(q, k);
-    auto p = autodiff::causal_softmax<'t', 's'>(scores);
-    auto ctx = autodiff::einsum<"bnts,bnsd->bntd">(p, v);
+    // The core, recomputed in backward under recomputation::selective (its b n t s tensors
+    // are the largest activations and the cheapest to rebuild).
+    auto core = [](const auto& q, const auto& k, const auto& v) {
+      auto scores = autodiff::einsum<"bntd,bnsd->bnts">(q, k);
+      auto p = autodiff::causal_softmax<'t', 's'>(scores);
+      return autodiff::einsum<"bnts,bnsd->bntd">(p, v);
+    };
+    auto ctx = autodiff::checkpoint_if(engine_->recompute() == recomputation::selective, core, q,
+                                       k, v);
     return o_(ctx);
   }
 
@@ -56,6 +64,7 @@ class causal_self_attention {
     return width / heads;
   }
 
+  const zero_engine<P>* engine_;
   std::size_t heads_, head_dim_;
   linear<P, "btm,mnd->bntd", "mnd", "nd"> q_, k_, v_;
   linear<P, "bntd,ndm->btm", "ndm", "m"> o_;

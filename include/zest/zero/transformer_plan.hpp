@@ -55,6 +55,7 @@
 #include "zest/layout/shard.hpp"
 #include "zest/mesh/mesh_shape.hpp"
 #include "zest/zero/planner.hpp"
+#include "zest/zero/recomputation.hpp"
 
 namespace zest {
 
@@ -128,16 +129,7 @@ inline transformer_config llama_transformer(std::string name, std::size_t layers
 // ---------------------------------------------------------------------------------------
 // The layout.
 
-enum class recomputation : std::uint8_t { none, selective, full };
-
-constexpr std::string_view name_of(recomputation r) {
-  switch (r) {
-    case recomputation::none: return "none";
-    case recomputation::selective: return "selective";
-    case recomputation::full: return "full";
-  }
-  return "?";
-}
+// recomputation (none, selective, full) and name_of: zest/zero/recomputation.hpp.
 
 // world = dp x tp x ep GPUs. Tokens are split over dp and ep (each of those ranks has its own
 // sequences), tensor-parallel ranks share theirs; ZeRO partitions over dp, as zero_stage does;
