@@ -38,8 +38,9 @@ struct function_run {
   std::int64_t kept_bytes = 0;  // live after forward, beyond the inputs
 };
 
-// loss = sum(dropout(gelu(x w) * (x w)) v), the middle part checkpointed or not.
-function_run run_function(const world_mesh& mesh, bool recompute) {
+// loss = sum(dropout(gelu(x w) * (x w)) v), the middle part checkpointed or not; `nested`:
+// gelu(u) * u checkpointed again inside it.
+function_run run_function(const world_mesh& mesh, bool recompute, bool nested = false) {
   const auto xv = x_t::generate(mesh, {B, T, M}, [](const auto& i) {
     return static_cast<float>(value_at(i, 1) * 0.1);
   });
@@ -54,9 +55,10 @@ function_run run_function(const world_mesh& mesh, bool recompute) {
   auto w = t.parameter(w_t(wv));
   auto v = t.constant(w_t(vv));
   const std::int64_t before = memory::live_bytes();
-  auto body = [w](const ad::variable<x_t>& in) {
+  auto body = [w, nested](const ad::variable<x_t>& in) {
     auto u = ad::einsum<"btm,mh->bth">(in, w);
-    return ad::dropout(ad::gelu(u) * u, 0.25, 99);
+    auto g = ad::checkpoint_if(nested, [](const auto& a) { return ad::gelu(a) * a; }, u);
+    return ad::dropout(g, 0.25, 99);
   };
   auto y = ad::checkpoint_if(recompute, body, x);
   function_run r;
@@ -76,6 +78,10 @@ TEST_CASE("checkpoint: the same gradients bit for bit, the internals freed after
   CHECK(recomputed.loss == plain.loss);
   CHECK(recomputed.dx == plain.dx);
   CHECK(recomputed.dw == plain.dw);
+  const auto nested = run_function(mesh, true, true);  // rebuilt twice: outer, then inner
+  CHECK(nested.loss == plain.loss);
+  CHECK(nested.dx == plain.dx);
+  CHECK(nested.dw == plain.dw);
   // Dropped: u, gelu(u), their product (b t h floats each); the output stays.
   const auto local_b = static_cast<std::int64_t>(B / static_cast<std::size_t>(mesh.world_size()));
   const std::int64_t bth = local_b * static_cast<std::int64_t>(T * H * sizeof(float));

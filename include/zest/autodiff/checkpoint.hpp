@@ -105,10 +105,11 @@ auto checkpoint(F fn, const variable<X>&... inputs) {
   tape::region first;
   variable<Y> y = detail::run_in_region(t, fn, args, first);
   // Nothing to rebuild: no gradient flows through y, or fn returned a variable made outside.
-  const bool made_here = std::any_of(first.made.begin(), first.made.end(), [&](const auto& m) {
+  const auto output = std::find_if(first.made.begin(), first.made.end(), [&](const auto& m) {
     return m.node.lock().get() == static_cast<const void*>(y.node().get());
   });
-  if (!y.requires_grad() || !made_here) return y;
+  if (!y.requires_grad() || output == first.made.end()) return y;
+  t.note_made(*output);  // made in the enclosing region too, when checkpoints nest
   std::vector<tape::made_variable> made = std::move(first.made);
   first.steps.clear();  // the internals go here
 
