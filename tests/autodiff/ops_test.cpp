@@ -528,10 +528,27 @@ TEST_CASE("embedding: values and gradients") {
   }
 }
 
+TEST_CASE("embedding: a vocabulary-parallel table (rows split, unevenly) gives a pending sum") {
+  mesh1 m(MPI_COMM_WORLD, {world_size()});
+  check_embedding<layout<>, layout<split<'v', "dp">>, layout<partial<"dp">>>(m);
+  // Both split dp: the ids keep it, the table's rows are gathered.
+  check_embedding<layout<split<'b', "dp">>, layout<split<'v', "dp">>, layout<split<'b', "dp">>>(m);
+  for (const auto& shape : mesh_shapes()) {
+    mesh2 m2(MPI_COMM_WORLD, shape);
+    CAPTURE(m2.describe());
+    check_embedding<layout<split<'b', "dp">>, layout<split<'v', "tp">>,
+                    layout<split<'b', "dp">, partial<"tp">>>(m2);
+    check_embedding<layout<split<'t', "dp">>, layout<split<'v', "tp">, split<'m', "dp">>,
+                    layout<split<'t', "dp">, partial<"tp">>>(m2);
+    check_embedding<layout<>, layout<split<'v', "dp", "tp">>, layout<partial<"dp">, partial<"tp">>>(m2);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // 8. cross_entropy.
 
-template <class LL, class TL, class Mesh>
+// SL: the loss's layout (pending where the logits' token dims are split, replicated where V is).
+template <class LL, class TL, class SL = void, class Mesh>
 void check_cross_entropy(const Mesh& m) {
   using logits_t = tensor<double, Mesh, "btv", LL>;
   using targets_t = tensor<std::int32_t, Mesh, "bt", TL>;
@@ -546,7 +563,11 @@ void check_cross_entropy(const Mesh& m) {
     auto ce = ad::cross_entropy<'v'>(logits, targets);
     using s_t = typename decltype(ce)::tensor_type;
     static_assert(s_t::rank == 0);
-    static_assert(s_t::layout == ad::detail::scalar_sum_layout(logits_t::layout));
+    if constexpr (std::is_void_v<SL>) {
+      static_assert(s_t::layout == ad::detail::scalar_sum_layout(logits_t::layout));
+    } else {
+      static_assert(has_layout<s_t, SL>);
+    }
     const double value = to_global(ce.value())[0];
     return finish_loss(ad::scale(ce, 1.7), grads, {value}, logits);
   };
@@ -571,6 +592,18 @@ TEST_CASE("cross_entropy: values and gradients") {
     mesh2 m2(MPI_COMM_WORLD, shape);
     CAPTURE(m2.describe());
     check_cross_entropy<layout<split<'b', "dp">, split<'t', "tp">>, layout<split<'b', "dp">>>(m2);
+  }
+  // Vocabulary-parallel logits (V split, unevenly: 7 classes): the loss is replicated there.
+  check_cross_entropy<layout<split<'v', "dp">>, layout<>, layout<>>(m);
+  check_cross_entropy<layout<split<'v', "dp">>, layout<split<'b', "dp">>, layout<>>(m);
+  for (const auto& shape : mesh_shapes()) {
+    mesh2 m2(MPI_COMM_WORLD, shape);
+    CAPTURE(m2.describe());
+    check_cross_entropy<layout<split<'b', "dp">, split<'v', "tp">>, layout<split<'b', "dp">>,
+                        layout<partial<"dp">>>(m2);
+    check_cross_entropy<layout<split<'t', "tp">, split<'v', "dp">>, layout<>,
+                        layout<partial<"tp">>>(m2);
+    check_cross_entropy<layout<split<'v', "tp", "dp">>, layout<>, layout<>>(m2);
   }
   static_assert(
       std::is_same_v<

@@ -82,13 +82,6 @@ struct table_shape {
                 "zest autodiff: embedding's table has two dims, rows then features, e.g. \"vm\" "
                 "(table shown above). Fix: einsum<\"...\"> it to two dims.");
 };
-template <class Table>
-struct table_rows_split {
-  static_assert(always_false<Table>,
-                "zest autodiff: embedding's table has its row dim split (table shown above); a "
-                "rank could not look up every id. Fix: split the feature dim instead, or "
-                "redistribute<layout<...>>(table) so that the rows are whole.");
-};
 template <fixed_string OutDims, class Ids, class Table>
 struct embedding_dims {
   static_assert(always_false<Ids>,

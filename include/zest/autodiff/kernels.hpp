@@ -777,21 +777,35 @@ struct layer_norm_parameter_grads {
 // ---------------------------------------------------------------------------------------
 // Lookups and the loss.
 
-// y[p][j] = table[ids[p]][j], `width` features per row (ids already checked).
+// y[p][j] = table[ids[p]][j], `width` features per row (ids already checked). The table holds
+// rows [first_row, first_row + rows) of the whole (all of them unless its rows are split); an
+// id outside that block gives a row of zeros.
 template <class T>
 struct embedding_gather {
   const T* table;
   const std::int32_t* ids;
   T* y;
   std::size_t width;
+  std::size_t first_row = 0, rows = 0;
+  ZEST_HOST_DEVICE const T* row(std::size_t p) const {
+    const auto id = static_cast<std::size_t>(ids[p]);
+    return id >= first_row && id - first_row < rows ? table + (id - first_row) * width : nullptr;
+  }
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t p = i / width, j = i % width;
-    y[i] = table[static_cast<std::size_t>(ids[p]) * width + j];
+    const T* r = row(p);
+    y[i] = r != nullptr ? r[j] : T{};
   }
   void host(std::size_t n) const {
     if (width == 0) return;
-    for (std::size_t p = 0; p < n / width; ++p)
-      std::copy_n(table + static_cast<std::size_t>(ids[p]) * width, width, y + p * width);
+    for (std::size_t p = 0; p < n / width; ++p) {
+      const T* r = row(p);
+      if (r != nullptr) {
+        std::copy_n(r, width, y + p * width);
+      } else {
+        std::fill_n(y + p * width, width, T{});
+      }
+    }
   }
 };
 // grad[r][j] = the sum of dz[p][j] over the positions p whose id is r, in order: one call
@@ -842,6 +856,63 @@ struct log_sum_exp_rows {
       lse[row] = host_loops::log_sum_exp(x + row * walk.n, walk.n);
   }
 };
+// The pieces of a log-sum-exp whose row is split over ranks (cross_entropy with V split):
+// this rank's row maxima, then, with the maxima of the whole rows, its sums of exp(x - max),
+// and, with both summed over the ranks, lse = max + log(sum) in place of the sum.
+template <class T>
+struct row_max {
+  const T* x;
+  T* out;
+  row_walk walk;
+  ZEST_HOST_DEVICE void operator()(std::size_t row) const {
+    const std::size_t f = walk.first(row), s = walk.inner;
+    T m = -dmath::infinity<T>();
+    for (std::size_t j = 0; j < walk.n; ++j) m = dmath::max(m, x[f + j * s]);
+    out[row] = m;
+  }
+};
+template <class T>
+struct sum_exp_rows {
+  const T* x;
+  const T* max;
+  T* out;
+  row_walk walk;
+  ZEST_HOST_DEVICE void operator()(std::size_t row) const {
+    const std::size_t f = walk.first(row), s = walk.inner;
+    T sum = 0;
+    for (std::size_t j = 0; j < walk.n; ++j) sum += dmath::exp(x[f + j * s] - max[row]);
+    out[row] = sum;
+  }
+};
+template <class T>
+struct max_plus_log {
+  const T* max;
+  T* sum;  // in: the sum of exponentials; out: lse
+  ZEST_HOST_DEVICE void operator()(std::size_t row) const { sum[row] = max[row] + dmath::log(sum[row]); }
+};
+// out[row] = x[target] where this rank holds the target's class (classes [first_class,
+// first_class + walk.n)), else 0.
+template <class T>
+struct target_logit {
+  const T* x;
+  const std::int32_t* targets;
+  T* out;
+  row_walk walk;
+  std::size_t first_class;
+  ZEST_HOST_DEVICE void operator()(std::size_t row) const {
+    const auto t = static_cast<std::size_t>(targets[row]);
+    out[row] = t >= first_class && t - first_class < walk.n
+                   ? x[walk.first(row) + (t - first_class) * walk.inner]
+                   : T{};
+  }
+};
+// a[i] - b[i], for Backend::sum.
+template <class T>
+struct difference {
+  const T* a;
+  const T* b;
+  ZEST_HOST_DEVICE T operator()(std::size_t i) const { return a[i] - b[i]; }
+};
 // A row's loss, lse - x[target], for Backend::sum.
 template <class T>
 struct cross_entropy_terms {
@@ -855,7 +926,7 @@ struct cross_entropy_terms {
   }
 };
 // dx = (exp(x - lse) - onehot(target)) * scale, one call per element; the host member a row
-// at a time.
+// at a time. This rank's rows hold classes [first_class, first_class + walk.n).
 template <class T>
 struct cross_entropy_backward {
   const T* x;
@@ -864,10 +935,12 @@ struct cross_entropy_backward {
   T* dx;
   row_walk walk;
   T scale;
+  std::size_t first_class = 0;
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t row = walk.row_of(i);
     const T d = dmath::exp(x[i] - lse[row]) * scale;
-    dx[i] = walk.position_of(i) == static_cast<std::size_t>(targets[row]) ? d - scale : d;
+    dx[i] = first_class + walk.position_of(i) == static_cast<std::size_t>(targets[row]) ? d - scale
+                                                                                          : d;
   }
   void host(std::size_t count) const {
     if (walk.inner != 1 || walk.n == 0) {
@@ -878,7 +951,8 @@ struct cross_entropy_backward {
     const std::size_t n = walk.n;
     for (std::size_t row = 0; row < count / n; ++row) {
       as_array(dx + row * n, n) = (as_array(x + row * n, n) - lse[row]).exp() * scale;
-      dx[row * n + static_cast<std::size_t>(targets[row])] -= scale;
+      const auto t = static_cast<std::size_t>(targets[row]);
+      if (t >= first_class && t - first_class < n) dx[row * n + (t - first_class)] -= scale;
     }
   }
 };

@@ -568,9 +568,15 @@ auto layer_norm(const variable<X>& x, const variable<G>& gamma, const variable<G
 // Rows of `table` (dims rows then features, e.g. "vm") picked by int32_t `ids` (a plain tensor,
 // dims e.g. "bt", not partial): the result has dims OutDims = ids' dims + the feature dim,
 // split as the ids are on their dims and as the table is on the feature dim (an axis both
-// use goes to the ids; the table is gathered on it). The table's rows are whole and it is
-// not partial. The gradient adds each output row into its table row; it is pending on the
-// axes that split the ids. An id outside [0, rows) throws zest::shape_error.
+// use goes to the ids; the table is gathered on it). The table is not partial. Its rows may
+// be split over axes that do not split the ids (a vocabulary-parallel table, Megatron's
+// embedding): each rank then looks up the ids its block of rows holds, zeros for the others,
+// and the result is pending on those axes; one reduction (all-reduce, or reduce-scatter into
+// a sequence-split layout) gives the rows. The gradient adds each output row into its table
+// row; it is pending on the axes that split the ids. An id outside [0, rows) throws
+// zest::shape_error.
+//
+//   ids "bt" split(b:dp), table "vm" split(v:tp)  ->  "btm" split(b:dp) partial(tp)
 template <fixed_string OutDims, sharded_tensor Ids, sharded_tensor Table>
 auto embedding(const Ids& ids, const variable<Table>& table) {
   if constexpr (!detail::check_operand<"embedding", Table>()) {
@@ -587,9 +593,6 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
   } else if constexpr (Table::rank != 2) {
     (void)autodiff_error::table_shape<Table>{};
     return 0;
-  } else if constexpr (Table::layout.split_count(Table::dims[0]) != 0) {
-    (void)autodiff_error::table_rows_split<Table>{};
-    return 0;
   } else if constexpr (!detail::embedding_dims_ok<OutDims, Ids, Table>()) {
     (void)autodiff_error::embedding_dims<OutDims, Ids, Table>{};
     return 0;
@@ -598,12 +601,15 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
     using B = typename Table::backend_type;
     constexpr char feature = Table::dims[1];
     constexpr layout_value table_at = detail::release_axes(Table::layout, Ids::layout);
-    constexpr layout_value out_layout = detail::embedding_layout(Ids::layout, table_at, feature);
+    constexpr layout_value out_layout =
+        detail::embedding_layout(Ids::layout, table_at, Table::dims[0], feature);
     using out_t = basic_tensor<T, typename Table::mesh_type, OutDims, out_layout>;
     using grad_at_t = typename detail::relayout<Table, dual(table_at)>::type;
     const auto& tv = detail::at_layout<table_at>(table.value());
     const std::size_t rows = tv.extents()[0];
     const std::size_t width = tv.local_extents()[1];
+    // This rank's block of rows: all of them unless the rows are split.
+    const std::size_t first_row = tv.local_offsets()[0], local_rows = tv.local_extents()[0];
     typename out_t::extents_type extents{};
     for (std::size_t k = 0; k < Ids::rank; ++k) extents[k] = ids.extents()[k];
     extents[Ids::rank] = tv.extents()[1];
@@ -616,17 +622,26 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
     }
     for_each_kernel<B>(y.local_count(),
                        kernels::embedding_gather<T>{tv.local().data(), ids.local().data(),
-                                                    y.local().data(), width});
+                                                    y.local().data(), width, first_row,
+                                                    local_rows});
     auto out = detail::make_result(table.owner(), std::move(y), table.requires_grad());
     if (out.requires_grad()) {
-      // For the gradient: the positions of each table row, in order (a stable counting sort
-      // of the checked ids), so that one call per table element sums its positions.
-      std::vector<std::size_t> first(rows + 1, 0), order(checked.size());
-      for (const std::int32_t id : checked) ++first[static_cast<std::size_t>(id) + 1];
-      for (std::size_t r = 0; r < rows; ++r) first[r + 1] += first[r];
+      // For the gradient: the positions of each of this rank's table rows, in order (a stable
+      // counting sort of the checked ids in its block), so that one call per table element
+      // sums its positions.
+      const auto local_row = [&](std::int32_t id) {
+        const auto r = static_cast<std::size_t>(id);
+        return r >= first_row && r - first_row < local_rows ? r - first_row : local_rows;
+      };
+      std::vector<std::size_t> first(local_rows + 2, 0), order(checked.size());
+      for (const std::int32_t id : checked) ++first[local_row(id) + 1];
+      for (std::size_t r = 0; r <= local_rows; ++r) first[r + 1] += first[r];
+      first.pop_back();  // the ids of other ranks' rows sort last and are never read
       std::vector<std::size_t> next(first.begin(), first.end() - 1);
-      for (std::size_t p = 0; p < checked.size(); ++p)
-        order[next[static_cast<std::size_t>(checked[p])]++] = p;
+      for (std::size_t p = 0; p < checked.size(); ++p) {
+        const std::size_t r = local_row(checked[p]);
+        if (r < local_rows) order[next[r]++] = p;
+      }
       struct row_lists {
         typename B::template buffer<std::size_t> first, order;
       };
@@ -647,13 +662,54 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
   }
 }
 
+namespace detail {
+// cross_entropy's rows when the classes V are split over mesh axes: this rank holds classes
+// [first_class, first_class + walk.n) of each row. Fills lse with every row's global
+// log-sum-exp and returns the sum over the rows of lse - x[target], the same on every rank
+// of the axes that split V. Collectives over those axes (of size > 1): the row maxima, the
+// sums of exponentials and the target logits (each from the rank that holds it), one value per
+// row each: 3 b·s values, never the b·s·V logits.
+template <char V, sharded_tensor L, class B>
+double split_class_loss(const L& lv, const std::int32_t* targets, const kernels::row_walk& walk,
+                        std::size_t first_class,
+                        typename B::template buffer<typename L::value_type>& lse) {
+  using T = typename L::value_type;
+  const std::size_t rows = lse.size();
+  const T* px = lv.local().data();
+  const auto over_class_axes = [&](T* values, reduce_op op) {
+    for (std::size_t a = 0; a < L::mesh_type::axis_count; ++a) {
+      if (L::layout.splits(a, V) && lv.mesh().size(a) > 1)
+        lv.mesh().axis(a).all_reduce(std::span<T>(values, rows), op);
+    }
+  };
+  typename B::template buffer<T> row_max(rows), picked(rows);
+  for_each_kernel<B>(rows, kernels::row_max<T>{px, row_max.data(), walk});
+  over_class_axes(row_max.data(), reduce_op::max);
+  for_each_kernel<B>(rows, kernels::sum_exp_rows<T>{px, row_max.data(), lse.data(), walk});
+  over_class_axes(lse.data(), reduce_op::sum);
+  for_each_kernel<B>(rows, kernels::max_plus_log<T>{row_max.data(), lse.data()});
+  for_each_kernel<B>(rows,
+                     kernels::target_logit<T>{px, targets, picked.data(), walk, first_class});
+  over_class_axes(picked.data(), reduce_op::sum);
+  return sum_kernel<B>(rows, kernels::difference<T>{lse.data(), picked.data()});
+}
+}  // namespace detail
+
 // The mean over all global token positions of -log softmax(logits)[target], softmax along
-// V (whole; logits not partial): a scalar, pending on every axis that splits the logits
+// V (logits not partial): a scalar, pending on every axis that splits the logits' other dims
 // (each rank adds its rows' losses divided by the global token count), replicated on the
 // others. `targets` is a plain int32_t tensor with the logits' dims without V; it is used
 // split as the logits are. Fused and stable (max subtracted); the gradient is
 // (softmax - onehot(target)) * g / count. A target outside [0, extent of V) throws
 // zest::shape_error.
+//
+// V may be split (vocabulary-parallel logits, Megatron's cross-entropy): the logits are never
+// gathered. Over the axes that split V, the row maxima are all-reduced (max), then the sums
+// of exponentials (sum) and the target logits (sum, each from the rank that holds it), one
+// value per row each; every rank of those axes then holds the same loss, and the gradient is its own
+// block's (softmax - onehot) * g / count, with no collective:
+//
+//   logits "btv" split(b:dp) split(v:tp)  ->  scalar partial(dp), replicated on tp
 template <char V, sharded_tensor L, sharded_tensor Targets>
 auto cross_entropy(const variable<L>& logits, const Targets& targets) {
   constexpr auto dims_match = [] {
@@ -667,7 +723,8 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
   }();
   if constexpr (!detail::check_operand<"cross_entropy", L>()) {
     return 0;
-  } else if constexpr (!detail::check_whole_dim<"cross_entropy", V, L>()) {
+  } else if constexpr (!L::dims.contains(V)) {
+    (void)autodiff_error::missing_dim<"cross_entropy", V, L>{};
     return 0;
   } else if constexpr (!std::is_same_v<typename Targets::value_type, std::int32_t>) {
     (void)autodiff_error::not_int32<"cross_entropy", Targets>{};
@@ -685,47 +742,62 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
     using T = typename L::value_type;
     using B = typename L::backend_type;
     constexpr layout_value targets_at = detail::splits_of(L::layout, view_of<Targets::dims>);
-    constexpr layout_value scalar_layout = detail::scalar_sum_layout(L::layout);
+    constexpr layout_value scalar_layout =
+        detail::scalar_sum_layout(detail::splits_of(L::layout, view_of<Targets::dims>));
     using s_t = basic_tensor<T, typename L::mesh_type, detail::no_dims, scalar_layout>;
     const L& lv = logits.value();
     detail::check_extents<"cross_entropy">(lv, targets, "logits", "targets");
+    const std::size_t vi = L::dim_index(V);
     std::size_t count = 1;
-    for (std::size_t k = 0; k < L::rank; ++k) count *= k == L::dim_index(V) ? 1 : lv.extents()[k];
+    for (std::size_t k = 0; k < L::rank; ++k) count *= k == vi ? 1 : lv.extents()[k];
     if (count == 0) {
       throw shape_error(zest::detail::message("zest: cross_entropy: the logits \"",
                                               view_of<L::dims>,
                                               "\" have no token positions to average over"));
     }
     const auto& tv = detail::at_layout<targets_at>(targets);
-    const detail::rows_along rows = detail::rows_of(lv.local_extents(), L::dim_index(V));
+    const detail::rows_along rows = detail::rows_of(lv.local_extents(), vi);
     const kernels::row_walk walk = detail::row_walk_of(rows);
+    const std::size_t classes = lv.extents()[vi], first_class = lv.local_offsets()[vi];
     const auto checked = tv.local_to_host();
     for (std::size_t row = 0; row < rows.count(); ++row) {
       const std::int32_t target = checked[row];
-      if (target < 0 || static_cast<std::size_t>(target) >= rows.n) {
-        detail::bad_index<"cross_entropy">(tv, row, target, rows.n, "target");
+      if (target < 0 || static_cast<std::size_t>(target) >= classes) {
+        detail::bad_index<"cross_entropy">(tv, row, target, classes, "target");
       }
     }
     typename B::template buffer<T> lse(rows.count());
     const T* px = lv.local().data();
-    for_each_kernel<B>(rows.count(), kernels::log_sum_exp_rows<T>{px, lse.data(), walk});
-    const double total = sum_kernel<B>(
-        rows.count(), kernels::cross_entropy_terms<T>{px, lse.data(), tv.local().data(), walk});
+    double total = 0;
+    if (rows.n == classes) {  // every class here (V whole, or split over axes of size 1)
+      for_each_kernel<B>(rows.count(), kernels::log_sum_exp_rows<T>{px, lse.data(), walk});
+      total = sum_kernel<B>(
+          rows.count(), kernels::cross_entropy_terms<T>{px, lse.data(), tv.local().data(), walk});
+    } else {
+      total = detail::split_class_loss<V, L, B>(lv, tv.local().data(), walk, first_class, lse);
+    }
     auto out = detail::make_result(
         logits.owner(),
         detail::scalar_of<s_t>(lv.mesh(), static_cast<T>(total / static_cast<double>(count))),
         logits.requires_grad());
     if (out.requires_grad()) {
-      logits.owner().record([ln = logits.node(), on = out.node(), walk, count, lse = std::move(lse),
-                             picked = tv.storage()] {
+      // Where V is split, each rank's gradient is its block's whole gradient, not a summand:
+      // the loss's gradient, pending there (the dual of replicated), is summed first.
+      static constexpr char classes_dim[] = {V};
+      static constexpr layout_value grad_at = detail::release_axes(
+          dual(scalar_layout), detail::splits_of(L::layout, std::string_view(classes_dim, 1)));
+      logits.owner().record([ln = logits.node(), on = out.node(), walk, count, first_class,
+                             lse = std::move(lse), picked = tv.storage()] {
         if (!on->grad) return;
-        const T scale = static_cast<T>(static_cast<double>(detail::scalar_value(*on->grad)) /
-                                       static_cast<double>(count));
+        const T scale = static_cast<T>(
+            static_cast<double>(detail::scalar_value(redistribute_to<grad_at>(*on->grad))) /
+            static_cast<double>(count));
         dual_tensor<L> dx(ln->value.mesh(), ln->value.extents(), dual_tensor<L>::uninitialized);
         for_each_kernel<B>(
             dx.local_count(),
             kernels::cross_entropy_backward<T>{std::as_const(ln->value).local().data(), lse.data(),
-                                               picked.data(), dx.local().data(), walk, scale});
+                                               picked.data(), dx.local().data(), walk, scale,
+                                               first_class});
         ln->accumulate(std::move(dx));
       });
     }

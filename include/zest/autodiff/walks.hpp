@@ -78,15 +78,18 @@ constexpr layout_value release_axes(const layout_value& v, const layout_value& t
   return out;
 }
 
-// An embedding's output: the ids' splits on their dims, the table's on the feature dim.
+// An embedding's output: the ids' splits on their dims, the table's on the feature dim, and
+// pending where the table's rows are split (each rank adds the rows it holds).
 constexpr layout_value embedding_layout(const layout_value& ids, const layout_value& table,
-                                        char feature) {
+                                        char rows, char feature) {
   layout_value v = replicated_layout(ids.axis_count);
   for (std::size_t a = 0; a < ids.axis_count; ++a) {
     if (ids.is_split(a)) {
       v.axes[a] = ids.axes[a];
     } else if (table.splits(a, feature)) {
       v.axes[a] = table.axes[a];
+    } else if (table.splits(a, rows)) {
+      v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
     }
   }
   return v;

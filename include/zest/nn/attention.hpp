@@ -6,7 +6,10 @@
 //   out     = p v, then W_o + b_o       "bnts,bnsd->bntd", "bntd,ndm->btm"
 //
 // With activations split over the batch and weights used replicated (ZeRO), every einsum is
-// local; the layout rules would insert the collectives of any other placement.
+// local; the layout rules would insert the collectives of any other placement. On a mesh with
+// "tp" the heads are split over it (zest/nn/tensor_parallel.hpp): W_q, W_k, W_v and their
+// biases column-parallel, W_o row-parallel, the output reduced into x's layout before W_o's
+// bias is added.
 #pragma once
 
 #include <cmath>
@@ -16,6 +19,7 @@
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/relabel.hpp"
 #include "zest/nn/linear.hpp"
+#include "zest/nn/tensor_parallel.hpp"
 #include "zest/zero/parameter.hpp"
 
 namespace zest {
@@ -34,13 +38,15 @@ class causal_self_attention {
         v_(engine, name + ".v", {width, heads, head_dim_}, {heads, head_dim_}),
         o_(engine, name + ".proj", {heads, head_dim_, width}, {width}, residual_std) {}
 
+  // x "btm"; the result has x's layout.
   template <sharded_tensor X>
   auto operator()(const autodiff::variable<X>& x) const {
     using T = typename X::value_type;
-    auto q =
-        autodiff::scale(q_(x), static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
-    auto k = relabel<"bnsd">(k_(x));
-    auto v = relabel<"bnsd">(v_(x));
+    const auto whole = whole_on_tp(x);
+    auto q = autodiff::scale(q_(whole),
+                             static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
+    auto k = relabel<"bnsd">(k_(whole));
+    auto v = relabel<"bnsd">(v_(whole));
     // The core, recomputed in backward under recomputation::selective (its b n t s tensors
     // are the largest activations and the cheapest to rebuild).
     auto core = [](const auto& q, const auto& k, const auto& v) {
@@ -50,7 +56,7 @@ class causal_self_attention {
     };
     auto ctx = autodiff::checkpoint_if(engine_->recompute() == recomputation::selective, core, q,
                                        k, v);
-    return o_(ctx);
+    return o_.template into<layout_of_t<X>>(ctx);
   }
 
   std::size_t heads() const { return heads_; }
@@ -66,8 +72,9 @@ class causal_self_attention {
 
   const zero_engine<P>* engine_;
   std::size_t heads_, head_dim_;
-  linear<P, "btm,mnd->bntd", "mnd", "nd"> q_, k_, v_;
-  linear<P, "bntd,ndm->btm", "ndm", "m"> o_;
+  using heads_split = split_over_tp<typename P::mesh_type, 'n'>;
+  linear<P, "btm,mnd->bntd", "mnd", "nd", heads_split, heads_split> q_, k_, v_;
+  linear<P, "bntd,ndm->btm", "ndm", "m", heads_split> o_;
 };
 
 }  // namespace zest

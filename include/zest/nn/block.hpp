@@ -3,7 +3,9 @@
 // The block is one parameter group of the engine: under ZeRO-3 its parameters arrive in
 // one all-gather and leave in one reduce-scatter. The feed-forward sub-layer is an MLP, or,
 // with block_options::moe on a mesh that has an "ep" axis, a GShard mixture of experts
-// (zest/moe/moe_layer.hpp) whose experts are split over "ep".
+// (zest/moe/moe_layer.hpp) whose experts are split over "ep". On a mesh with "tp", attention
+// and MLP are Megatron's tensor-parallel layers (zest/nn/tensor_parallel.hpp), and x's layout
+// (sequence-parallel or not) is kept from input to output.
 #pragma once
 
 #include <cmath>
@@ -18,6 +20,7 @@
 #include "zest/nn/attention.hpp"
 #include "zest/nn/layer_norm.hpp"
 #include "zest/nn/mlp.hpp"
+#include "zest/nn/tensor_parallel.hpp"
 #include "zest/zero/engine.hpp"
 
 namespace zest {
@@ -105,7 +108,9 @@ class transformer_block {
   template <sharded_tensor X>
   autodiff::variable<X> feed_forward(const autodiff::variable<X>& x, std::uint64_t seed) const {
     if constexpr (detail::has_expert_axis<mesh_t>) {
-      if (moe_) return (*moe_)(x, splitmix64(seed + 2));
+      // The experts see the tokens whole on "tp" (each tp rank the same); the result goes
+      // back into x's layout (a slice where the stream is sequence-parallel: no collective).
+      if (moe_) return in_layout<layout_of_t<X>>((*moe_)(whole_on_tp(x), splitmix64(seed + 2)));
     }
     return (*mlp_)(x);
   }

@@ -9,6 +9,11 @@
 // Parameter groups (one collective each under ZeRO-3): the embeddings, each block, and the
 // head (final layer norm and the untied output projection). Dims: b batch, t time, m width,
 // v vocabulary, n heads, d head dim, h hidden.
+//
+// On a mesh with an axis "tp" the model is Megatron's (zest/nn/tensor_parallel.hpp): heads,
+// the MLP's hidden dim, the token embedding and the head split over tp, the loss computed on
+// vocabulary shards. The residual stream takes the ids' layout: ids split(b:dp) give tensor
+// parallelism, ids split(b:dp) split(t:tp) sequence parallelism too.
 #pragma once
 
 #include <algorithm>
@@ -26,6 +31,7 @@
 #include "zest/nn/embedding.hpp"
 #include "zest/nn/layer_norm.hpp"
 #include "zest/nn/linear.hpp"
+#include "zest/nn/tensor_parallel.hpp"
 #include "zest/zero/engine.hpp"
 #include "zest/zero/planner.hpp"
 
@@ -99,7 +105,10 @@ class gpt {
       using pos_t = basic_tensor<std::int32_t, mesh_t, "t", replicated_layout(mesh_t::axis_count)>;
       const auto positions = pos_t::generate(
           ids.mesh(), {time}, [](const auto& i) { return static_cast<std::int32_t>(i[0]); });
-      auto tok = wte_.template lookup<"btm">(ids);
+      // The table is split over the vocabulary on tp: every tp rank looks up all the ids, and
+      // the pending rows are reduced into the stream's layout, the ids' own.
+      auto tok = in_layout<layout_of_t<Ids>>(
+          wte_.template lookup<"btm">(zest::redistribute<tp_region_input<Ids>>(ids)));
       auto pos = wpe_.template lookup<"tm">(positions);
       return autodiff::broadcast_add(tok, pos);
     }();
@@ -107,7 +116,7 @@ class gpt {
       x = (*blocks_[l])(t, x, splitmix64(seed ^ (0x100 + l)));
     }
     auto in_scope = engine_->use(t, head_group_);
-    return (*lm_head_)((*ln_f_)(x));
+    return (*lm_head_)(whole_on_tp((*ln_f_)(x)));  // logits split(v:tp)
   }
 
   // Mean cross-entropy of predicting `targets` from `inputs` (plus the weighted auxiliary
@@ -173,8 +182,14 @@ class gpt {
         counts[E] += static_cast<double>(s.dropped);
         counts[E + 1] += static_cast<double>(s.assignments);
       }
-      // The batch is split over every axis (each token on one rank): a plain sum.
+      // The batch is split over every axis but "tp" (each token on one rank of the others,
+      // and on every rank of tp): a plain sum, divided by tp's size.
       engine_->mesh().world().all_reduce(std::span<double>(counts), reduce_op::sum);
+      if constexpr (has_tensor_axis<mesh_t>) {
+        const auto tp = static_cast<double>(
+            engine_->mesh().size(zest::detail::axis_index_of<mesh_t>("tp")));
+        for (double& c : counts) c /= tp;
+      }
       r.tokens_per_expert.resize(E);
       for (std::size_t e = 0; e < E; ++e) r.tokens_per_expert[e] = std::llround(counts[e]);
       r.dropped_fraction = counts[E + 1] > 0 ? counts[E] / counts[E + 1] : 0;
@@ -197,11 +212,12 @@ class gpt {
   zero_engine<P>* engine_;
   gpt_options options_;
   std::size_t embed_group_;
-  embedding_layer<P> wte_, wpe_;
+  embedding_layer<P, split_over_tp<mesh_t, 'v'>> wte_;
+  embedding_layer<P> wpe_;
   std::vector<std::unique_ptr<transformer_block<P>>> blocks_;
   std::size_t head_group_ = 0;
   std::optional<layer_norm_layer<P>> ln_f_;
-  std::optional<linear<P, "btm,mv->btv", "mv">> lm_head_;
+  std::optional<linear<P, "btm,mv->btv", "mv", "", split_over_tp<mesh_t, 'v'>>> lm_head_;
   mutable double last_nll_ = 0;
 };
 

@@ -21,6 +21,7 @@
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/nn/tensor_parallel.hpp"
 #include "zest/zero/parameter.hpp"
 
 namespace zest {
@@ -45,7 +46,24 @@ class linear {
 
   template <sharded_tensor X>
   auto operator()(const autodiff::variable<X>& x) const {
-    auto y = autodiff::einsum<Spec>(x, weight_.value());
+    return into<void>(x);
+  }
+
+  // The product, computed where the operands are, then brought to layout Out before the bias
+  // is added: a row-parallel layer's pending sum over "tp" reduced into the residual stream's
+  // layout (an all-reduce, or a reduce-scatter into a sequence-split stream;
+  // zest/nn/tensor_parallel.hpp). Out = void: the einsum's own layout. (Forcing the einsum's
+  // layout instead would let its planner gather the operands over tp, fewer bytes than the
+  // reduction but every tp rank computing the whole product.)
+  template <class Out, sharded_tensor X>
+  auto into(const autodiff::variable<X>& x) const {
+    auto y = [&] {
+      if constexpr (std::is_void_v<Out>) {
+        return autodiff::einsum<Spec>(x, weight_.value());
+      } else {
+        return in_layout<Out>(autodiff::einsum<Spec>(x, weight_.value()));
+      }
+    }();
     if constexpr (has_bias) {
       return autodiff::broadcast_add(y, bias_->value());
     } else {

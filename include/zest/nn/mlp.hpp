@@ -1,10 +1,14 @@
 // zest/nn/mlp.hpp — the transformer's feed-forward layer: GELU(x W1 + b1) W2 + b2.
+//
+// On a mesh with "tp" the hidden dim is split over it (zest/nn/tensor_parallel.hpp): W1 and
+// b1 column-parallel, W2 row-parallel, its output reduced into x's layout before b2.
 #pragma once
 
 #include <string>
 
 #include "zest/autodiff/ops.hpp"
 #include "zest/nn/linear.hpp"
+#include "zest/nn/tensor_parallel.hpp"
 
 namespace zest {
 
@@ -16,14 +20,17 @@ class mlp {
       : fc_(engine, name + ".fc", {width, hidden}, {hidden}),
         proj_(engine, name + ".proj", {hidden, width}, {width}, residual_std) {}
 
+  // x "btm"; the result has x's layout.
   template <sharded_tensor X>
   auto operator()(const autodiff::variable<X>& x) const {
-    return proj_(autodiff::gelu(fc_(x)));
+    const auto whole = whole_on_tp(x);
+    return proj_.template into<layout_of_t<X>>(autodiff::gelu(fc_(whole)));
   }
 
  private:
-  linear<P, "btm,mh->bth", "mh", "h"> fc_;
-  linear<P, "bth,hm->btm", "hm", "m"> proj_;
+  using hidden_split = split_over_tp<typename P::mesh_type, 'h'>;
+  linear<P, "btm,mh->bth", "mh", "h", hidden_split, hidden_split> fc_;
+  linear<P, "bth,hm->btm", "hm", "m", hidden_split> proj_;
 };
 
 }  // namespace zest
