@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "zest/autodiff/attention.hpp"
+#include "zest/autodiff/checkpoint.hpp"
 #include "zest/autodiff/elementwise.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/relabel.hpp"
@@ -157,7 +158,8 @@ class grouped_query_attention {
  public:
   grouped_query_attention(zest::zero_engine<P>& engine, const std::string& name,
                           const llama_options& o, double residual_std)
-      : rope_{.base = o.rope_base},
+      : engine_(&engine),
+        rope_{.base = o.rope_base},
         q_(engine, name + ".q", {o.width, o.kv_heads, o.heads / o.kv_heads, o.width / o.heads}),
         k_(engine, name + ".k", {o.width, o.kv_heads, o.width / o.heads}),
         v_(engine, name + ".v", {o.width, o.kv_heads, o.width / o.heads}),
@@ -173,11 +175,16 @@ class grouped_query_attention {
     auto q = zest::across_sp<'t', 'k'>(ad::rope<'t', 'd'>(q_(whole), rope_));
     auto k = ad::relabel<"bksd">(zest::across_sp<'t', 'k'>(ad::rope<'t', 'd'>(k_(whole), rope_)));
     auto v = ad::relabel<"bkse">(zest::across_sp<'t', 'k'>(v_(whole)));
+    // Recomputed in backward under recomputation::selective (the scores and probabilities).
+    auto core = [](const auto& q, const auto& k, const auto& v) {
+      return ad::scaled_dot_product_attention<"bkgtd,bksd,bkse->bkgte">(q, k, v);
+    };
     return o_.template into<zest::layout_of_t<X>>(zest::across_sp<'k', 't'>(
-        ad::scaled_dot_product_attention<"bkgtd,bksd,bkse->bkgte">(q, k, v)));
+        ad::checkpoint_if(engine_->recompute() == zest::recomputation::selective, core, q, k, v)));
   }
 
  private:
+  const zest::zero_engine<P>* engine_;
   using kv_heads_split = zest::split_over_tp<typename P::mesh_type, 'k'>;
   zest::autodiff::rope_options rope_;
   zest::linear<P, "btm,mkgd->bkgtd", "mkgd", "", kv_heads_split> q_;
@@ -229,12 +236,17 @@ class llama_block {
                                          const zest::autodiff::variable<X>& x,
                                          std::uint64_t seed) const {
     auto in_scope = engine_->use(t, group_);
-    auto a = attn_(attn_norm_(x));
-    if (dropout_ > 0) a = zest::autodiff::dropout(a, dropout_, zest::splitmix64(seed));
-    auto h = x + a;
-    auto f = mlp_(mlp_norm_(h));
-    if (dropout_ > 0) f = zest::autodiff::dropout(f, dropout_, zest::splitmix64(seed + 1));
-    return h + f;
+    // Under recomputation::full the body is recomputed in backward, after the group's gather.
+    auto body = [this, seed](const zest::autodiff::variable<X>& x) {
+      auto a = attn_(attn_norm_(x));
+      if (dropout_ > 0) a = zest::autodiff::dropout(a, dropout_, zest::splitmix64(seed));
+      auto h = x + a;
+      auto f = mlp_(mlp_norm_(h));
+      if (dropout_ > 0) f = zest::autodiff::dropout(f, dropout_, zest::splitmix64(seed + 1));
+      return zest::autodiff::variable<X>(h + f);
+    };
+    return zest::autodiff::checkpoint_if(engine_->recompute() == zest::recomputation::full, body,
+                                         x);
   }
 
  private:

@@ -199,6 +199,9 @@ inline const std::vector<option>& options() {
                     "(without it, a difference is refused)"),
       number_option<double>("--dropout", "X", &zf::dropout, 0, 1, "dropout probability", false,
                             true),
+      choice_option("--recompute", "R", &zf::recompute, {"none", "selective", "full"},
+                    "activation recomputation in backward: selective, the attention\n"
+                    "core (scores, probabilities); full, each block from its input"),
       number_option<double>("--clip", "X", &zf::clip, 0, dmax,
                             "global gradient-norm clipping, 0 for none"),
       choice_option("--precision", "P", &zf::precision, {"fp32", "bf16", "fp16"},
@@ -328,7 +331,7 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
             << " parameters, " << f.layers << " layers, width " << f.width << ", vocab "
             << data.vocab_size() << " (padded " << vocab << "), ZeRO-" << f.zero << ", "
             << f.precision << ", " << mesh << ", batch " << f.batch << " x " << f.context
-            << " tokens"
+            << " tokens" << (f.recompute != "none" ? ", recompute " + f.recompute : std::string())
             << (f.arch == "llama"
                     ? ", llama: " + std::to_string(f.kv_heads) + " kv heads of " +
                           std::to_string(f.heads) + ", SwiGLU hidden " + std::to_string(f.hidden) +
@@ -364,6 +367,7 @@ zest::report::training_log start_log(const flags& f, std::size_t vocab, const st
   log.set("schedule", schedule_json(schedule_of(f)));
   log.set("zero_stage", static_cast<std::int64_t>(f.zero));
   log.set("precision", f.precision);
+  log.set("recompute", f.recompute);
   log.set("mesh", mesh);
   log.set("parameters", static_cast<std::int64_t>(params));
   log.set("unigram_entropy_nats", entropy);
@@ -605,6 +609,9 @@ void check_run(const flags& f, int world, int ranks_here) {
     fail("--moe-capacity and --moe-dropless exclude each other");
   } else if (f.moe_dropless && f.was_given("--capacity-factor")) {
     fail("--capacity-factor applies to --moe-capacity runs (--moe-dropless has no capacity)");
+  } else if (f.recompute == "full") {
+    fail("--recompute full applies to dense blocks: an expert layer's aux loss leaves its "
+         "block (use --recompute selective with --moe)");
   } else if (f.experts < static_cast<std::size_t>(f.top_k)) {
     fail("--experts " + std::to_string(f.experts) + " is fewer than --top-k " +
          std::to_string(f.top_k));

@@ -40,6 +40,7 @@
 #include "zest/train/checkpoint.hpp"
 #include "zest/train/train_step.hpp"
 #include "zest/zero/planner.hpp"
+#include "zest/zero/recomputation.hpp"
 
 namespace train_gpt_example {
 
@@ -72,6 +73,7 @@ struct flags {
   std::int64_t warmup = 20;
   bool new_schedule = false;
   double dropout = 0;
+  std::string recompute = "none";  // activation recomputation: none, selective or full
   double clip = 1.0;
   std::string precision = "fp32";
   float loss_scale = 65536.0F;  // fp16: the loss scaler's first scale
@@ -297,6 +299,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   zo.seed = f.seed;
   zo.max_grad_norm = f.clip;
   zo.initial_loss_scale = f.loss_scale;
+  zo.recompute = zest::parse_recomputation(f.recompute);
   zest::zero_engine<P> engine(mesh, zo);
 
   const std::size_t vocab = padded_vocab(data.vocab_size());

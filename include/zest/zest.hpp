@@ -59,6 +59,7 @@
 #include "zest/plan/visualize.hpp"
 
 #include "zest/autodiff/attention.hpp"
+#include "zest/autodiff/checkpoint.hpp"
 #include "zest/autodiff/dual.hpp"
 #include "zest/autodiff/einsum_grad.hpp"
 #include "zest/autodiff/kernels.hpp"
@@ -84,6 +85,7 @@
 #include "zest/zero/init.hpp"
 #include "zest/zero/parameter.hpp"
 #include "zest/zero/planner.hpp"
+#include "zest/zero/recomputation.hpp"
 #include "zest/zero/stage.hpp"
 #include "zest/zero/training_policy.hpp"
 

@@ -25,6 +25,10 @@
       the log names the model (--arch and its config). An entry N/tpK/spJ of --ranks runs
       N ranks with --tp K and --sp J (either may be left out; the data axis takes the rest);
       the log's mesh must say so.
+  train_gpt_checks.py recompute --dir D -- PREFIX...
+      PREFIX --recompute none, selective and full (20 steps, --log, --save): the same
+      losses and every checkpoint tensor bit for bit, the same bytes sent per step, a lower
+      peak under selective than none and under full than selective; the log names the mode.
   train_gpt_checks.py trains --dir D -- COMMAND...
       COMMAND (a run with --steps) trains: its applied steps' losses are finite and the last
       ones lower than the first ones.
@@ -336,6 +340,32 @@ def cmd_ranks(a):
                   % (what, worst_loss, count, worst_value), flush=True)
 
 
+def cmd_recompute(a):
+    fresh(a.dir)
+    runs = {}
+    for mode in ("none", "selective", "full"):
+        log, ckpt = os.path.join(a.dir, mode + ".json"), os.path.join(a.dir, mode)
+        run(a.run + ["--steps", "20", "--recompute", mode, "--log", log, "--save", ckpt])
+        j = read_log(log)
+        if j["run"].get("recompute") != mode:
+            fail("the log of --recompute %s says %r" % (mode, j["run"].get("recompute")))
+        runs[mode] = (j["steps"], read_checkpoint(ckpt))
+    ref_steps, ref_ckpt = runs["none"]
+    for mode in ("selective", "full"):
+        steps, ckpt = runs[mode]
+        for x, y in zip(ref_steps, steps):
+            if x["loss"] != y["loss"] or x["bytes_sent"] != y["bytes_sent"]:
+                fail("--recompute %s, step %d: loss %r, bytes %r; without: %r, %r" %
+                     (mode, y["step"], y["loss"], y["bytes_sent"], x["loss"], x["bytes_sent"]))
+        if len(steps) != len(ref_steps) or ckpt != ref_ckpt:
+            fail("--recompute %s: other steps or other checkpoint tensors than without" % mode)
+    peaks = [max(s["peak_bytes"] for s in runs[m][0]) for m in ("none", "selective", "full")]
+    if not peaks[0] > peaks[1] > peaks[2]:
+        fail("peak bytes none, selective, full: %r (expected decreasing)" % peaks)
+    print("20 steps: selective and full equal none bit for bit (%d tensors); peak bytes %r"
+          % (len(ref_ckpt), peaks))
+
+
 def cmd_trains(a):
     fresh(a.dir)
     log = os.path.join(a.dir, "run.json")
@@ -359,7 +389,7 @@ def main():
     r.add_argument("--expect", required=True)
     r.add_argument("--max-seconds", type=float, default=10)
     r.add_argument("command", nargs=argparse.REMAINDER)
-    for name in ("fp16-skip", "diverge", "steps0", "trains"):
+    for name in ("fp16-skip", "diverge", "steps0", "trains", "recompute"):
         s = sub.add_parser(name)
         s.add_argument("--dir", required=True)
         s.add_argument("run", nargs=argparse.REMAINDER)
@@ -379,7 +409,7 @@ def main():
             setattr(a, k, getattr(a, k)[1:])
     {"refuse": cmd_refuse, "fp16-skip": cmd_fp16_skip, "diverge": cmd_diverge,
      "steps0": cmd_steps0, "resume": cmd_resume, "ranks": cmd_ranks,
-     "trains": cmd_trains}[a.mode](a)
+     "trains": cmd_trains, "recompute": cmd_recompute}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -94,18 +94,52 @@ class tape {
   template <sharded_tensor X>
   variable<std::remove_cvref_t<X>> constant(X&& value);
 
-  void record(std::function<void()> step) { steps_.push_back(std::move(step)); }
+  void record(std::function<void()> step) {
+    (regions_.empty() ? steps_ : regions_.back().steps).push_back(std::move(step));
+  }
   std::size_t size() const { return steps_.size(); }
 
   // Runs the recorded steps in reverse; a seeded loss gradient must already be in place.
   void run_backward() {
+    if (!regions_.empty()) {
+      throw std::logic_error(
+          "zest autodiff: backward() inside a checkpointed function (autodiff::checkpoint); "
+          "run backward after the function returns");
+    }
     for (std::size_t i = steps_.size(); i-- > 0;) steps_[i]();
   }
   // Forgets the recorded steps (variables keep their values and gradients).
   void clear() { steps_.clear(); }
 
+  // A variable made while a region is open, that backward may reach: autodiff::checkpoint
+  // checks that none but its output receives a gradient from outside the region.
+  struct made_variable {
+    std::weak_ptr<const void> node;
+    bool (*has_gradient)(const void*);
+  };
+  // What a region recorded (zest/autodiff/checkpoint.hpp): its backward steps, in forward
+  // order, and the variables made in it.
+  struct region {
+    std::vector<std::function<void()>> steps;
+    std::vector<made_variable> made;
+  };
+  // While a region is open, record() appends to it instead of the tape; regions nest.
+  void begin_region() { regions_.emplace_back(); }
+  region end_region() {
+    if (regions_.empty()) throw std::logic_error("zest autodiff: end_region without begin_region");
+    region r = std::move(regions_.back());
+    regions_.pop_back();
+    return r;
+  }
+  // Open regions: nonzero inside a checkpointed function, in forward or in its recomputation.
+  std::size_t region_depth() const { return regions_.size(); }
+  void note_made(made_variable v) {
+    if (!regions_.empty()) regions_.back().made.push_back(std::move(v));
+  }
+
  private:
   std::vector<std::function<void()>> steps_;
+  std::vector<region> regions_;
 };
 
 template <sharded_tensor X>
@@ -120,7 +154,13 @@ class variable {
   variable(tape& owner, X value, bool requires_grad)
       : tape_(&owner),
         node_(std::make_shared<detail::node<X>>(
-            detail::node<X>{std::move(value), requires_grad, {}})) {}
+            detail::node<X>{std::move(value), requires_grad, {}})) {
+    if (requires_grad && owner.region_depth() > 0) {
+      owner.note_made({std::weak_ptr<const void>(node_), [](const void* n) {
+                         return static_cast<const detail::node<X>*>(n)->grad.has_value();
+                       }});
+    }
+  }
 
   const X& value() const { return node_->value; }
   bool requires_grad() const { return node_->requires_grad; }

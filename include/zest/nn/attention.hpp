@@ -16,6 +16,7 @@
 #include <cmath>
 #include <string>
 
+#include "zest/autodiff/checkpoint.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/relabel.hpp"
 #include "zest/nn/linear.hpp"
@@ -30,7 +31,8 @@ class causal_self_attention {
   // `residual_std`: the output projection's init (GPT-2 scales it by 1/sqrt(2 layers)).
   causal_self_attention(zero_engine<P>& engine, const std::string& name, std::size_t width,
                         std::size_t heads, double residual_std = 0.02)
-      : heads_(heads),
+      : engine_(&engine),
+        heads_(heads),
         head_dim_(check_heads(width, heads)),
         q_(engine, name + ".q", {width, heads, head_dim_}, {heads, head_dim_}),
         k_(engine, name + ".k", {width, heads, head_dim_}, {heads, head_dim_}),
@@ -47,9 +49,15 @@ class causal_self_attention {
                              static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
     auto k = relabel<"bnsd">(across_sp<'t', 'n'>(k_(whole)));
     auto v = relabel<"bnsd">(across_sp<'t', 'n'>(v_(whole)));
-    auto scores = autodiff::einsum<"bntd,bnsd->bnts">(q, k);
-    auto p = autodiff::causal_softmax<'t', 's'>(scores);
-    auto ctx = across_sp<'n', 't'>(autodiff::einsum<"bnts,bnsd->bntd">(p, v));
+    // The core, recomputed in backward under recomputation::selective (its b n t s tensors
+    // are the largest activations and the cheapest to rebuild).
+    auto core = [](const auto& q, const auto& k, const auto& v) {
+      auto scores = autodiff::einsum<"bntd,bnsd->bnts">(q, k);
+      auto p = autodiff::causal_softmax<'t', 's'>(scores);
+      return autodiff::einsum<"bnts,bnsd->bntd">(p, v);
+    };
+    auto ctx = across_sp<'n', 't'>(
+        autodiff::checkpoint_if(engine_->recompute() == recomputation::selective, core, q, k, v));
     return o_.template into<layout_of_t<X>>(ctx);
   }
 
@@ -64,6 +72,7 @@ class causal_self_attention {
     return width / heads;
   }
 
+  const zero_engine<P>* engine_;
   std::size_t heads_, head_dim_;
   using heads_split = split_over_tp<typename P::mesh_type, 'n'>;
   linear<P, "btm,mnd->bntd", "mnd", "nd", heads_split, heads_split> q_, k_, v_;

@@ -14,6 +14,7 @@
 #include <string>
 #include <type_traits>
 
+#include "zest/autodiff/checkpoint.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/moe/moe_layer.hpp"
 #include "zest/nn/attention.hpp"
@@ -74,12 +75,16 @@ class transformer_block {
   autodiff::variable<X> operator()(autodiff::tape& t, const autodiff::variable<X>& x,
                                    std::uint64_t seed) const {
     auto in_scope = engine_->use(t, group_);
-    auto a = attn_(ln1_(x));
-    if (dropout_ > 0) a = autodiff::dropout(a, dropout_, splitmix64(seed));
-    auto h = x + a;
-    auto f = feed_forward(ln2_(h), seed);
-    if (dropout_ > 0) f = autodiff::dropout(f, dropout_, splitmix64(seed + 1));
-    return h + f;
+    // Under recomputation::full the body is recomputed in backward, after the group's gather.
+    auto body = [this, seed](const autodiff::variable<X>& x) {
+      auto a = attn_(ln1_(x));
+      if (dropout_ > 0) a = autodiff::dropout(a, dropout_, splitmix64(seed));
+      auto h = x + a;
+      auto f = feed_forward(ln2_(h), seed);
+      if (dropout_ > 0) f = autodiff::dropout(f, dropout_, splitmix64(seed + 1));
+      return autodiff::variable<X>(h + f);
+    };
+    return autodiff::checkpoint_if(engine_->recompute() == recomputation::full, body, x);
   }
 
   std::size_t group() const { return group_; }

@@ -25,6 +25,11 @@
 //                                  AdamW on the owned shard; stages 1, 2: all-gather the
 //                                  updated shards (master -> stored)
 //
+// Activation recomputation (options().recompute, zest/autodiff/checkpoint.hpp): a layer
+// checkpoints its body inside its group's scope, so the body's one backward step lies between
+// the group's two hooks; backward gathers the group (stage 3), recomputes the body on those
+// values, runs its steps, then reduces the gradients. The bytes per step are unchanged.
+//
 // At most `max_live_groups` groups are gathered at once (the one computing and the one
 // prefetched). A group without parameters (a layer that has none) is entered like any other
 // on every stage; it communicates nothing, never counts as gathered, and prefetches pass over
@@ -57,6 +62,7 @@
 #include "zest/optim/clip.hpp"
 #include "zest/optim/loss_scaler.hpp"
 #include "zest/zero/parameter.hpp"
+#include "zest/zero/recomputation.hpp"
 
 namespace zest {
 
@@ -69,6 +75,10 @@ struct zero_options {
   adamw_config adam{};
   float initial_loss_scale = 65536.0F;   // float16 policies
   std::int64_t loss_scale_window = 200;  // good steps before the scale grows
+  // What the layers recompute in backward instead of keeping (zest/zero/recomputation.hpp):
+  // none, selective (the attention core) or full (each block from its input). A block's
+  // recomputation runs after its backward gather under stage 3 and uses it: no second gather.
+  recomputation recompute = recomputation::none;
 };
 
 // What one optimizer step did.
@@ -129,6 +139,8 @@ class zero_engine {
   const zero_options& options() const { return options_; }
   zero_options& options() { return options_; }
   static constexpr int zero_stage() { return stage; }
+  // What the layers recompute in backward (options().recompute).
+  recomputation recompute() const { return options_.recompute; }
 
   // The initialisation seed of a parameter: the run's seed and the parameter's name.
   std::uint64_t seed_for(std::string_view name) const {
@@ -379,6 +391,15 @@ class zero_engine {
                                               groups_.size(), " groups)"));
     }
     group& gr = groups_[g];
+    if (t.region_depth() > 0) {
+      // Its backward hooks would be dropped with the function's steps, and the recomputation
+      // would enter the group a second time (a second gather under stage 3).
+      throw std::logic_error(detail::message(
+          "zest zero_engine: group '", gr.name,
+          "' entered inside a checkpointed function (autodiff::checkpoint). Fix: enter the "
+          "group's scope (engine.use) outside the checkpoint and checkpoint the body inside it; "
+          "the recomputation then uses the group's backward gather"));
+    }
     if (gr.in_scope) {
       throw std::logic_error(
           detail::message("zest zero_engine: group '", gr.name, "' entered twice in one step"));
