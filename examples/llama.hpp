@@ -179,7 +179,7 @@ class grouped_query_attention {
     auto core = [](const auto& q, const auto& k, const auto& v) {
       return ad::scaled_dot_product_attention<"bkgtd,bksd,bkse->bkgte">(q, k, v);
     };
-    return o_.template into<zest::layout_of_t<X>>(zest::across_sp<'k', 't'>(
+    return o_.template into<zest::layout_like<X>>(zest::across_sp<'k', 't'>(
         ad::checkpoint_if(engine_->recompute() == zest::recomputation::selective, core, q, k, v)));
   }
 
@@ -206,7 +206,7 @@ class swiglu {
   template <zest::sharded_tensor X>
   auto operator()(const zest::autodiff::variable<X>& x) const {
     const auto whole = zest::whole_on_tp(x);
-    return down_.template into<zest::layout_of_t<X>>(zest::autodiff::silu(gate_(whole)) *
+    return down_.template into<zest::layout_like<X>>(zest::autodiff::silu(gate_(whole)) *
                                                      up_(whole));
   }
 
@@ -310,7 +310,7 @@ class llama {
     embed_scope.emplace(*engine_, t, embed_group_);
     // The table is split over the vocabulary on tp: every tp rank looks up all the ids, and
     // the pending rows are reduced into the stream's layout, the ids' own.
-    auto x = zest::in_layout<zest::layout_of_t<Ids>>(wte_.template lookup<"btm">(
+    auto x = zest::in_layout<zest::layout_like<Ids>>(wte_.template lookup<"btm">(
         zest::redistribute<zest::tp_region_input<Ids>>(ids)));
     if (!options_.tied_head) embed_scope.reset();
     for (std::size_t l = 0; l < blocks_.size(); ++l) {

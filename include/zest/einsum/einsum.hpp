@@ -76,14 +76,6 @@ template <class O>
 requires requires { typename O::zest_layout_value_tag; }
 struct is_layout_type<O> : std::true_type {};
 
-// A forced output layout given as a normalised value (autodiff's gradients: the dual of a
-// layout is a value, and nvcc cannot turn a value back into a layout<...> type).
-template <layout_key L>
-struct layout_constant {
-  using zest_layout_value_tag = void;
-  static constexpr layout_value value = to_layout(L);
-};
-
 // The forced layout's value for a tensor with dims Dims on Mesh.
 template <class Mesh, fixed_string Dims, class L>
 constexpr layout_value forced_layout_value() {

@@ -58,7 +58,7 @@ class causal_self_attention {
     };
     auto ctx = across_sp<'n', 't'>(
         autodiff::checkpoint_if(engine_->recompute() == recomputation::selective, core, q, k, v));
-    return o_.template into<layout_of_t<X>>(ctx);
+    return o_.template into<layout_like<X>>(ctx);
   }
 
   std::size_t heads() const { return heads_; }

@@ -113,7 +113,7 @@ class transformer_block {
       // result goes back into x's layout (a slice where the stream is split on the sequence:
       // no collective).
       if (moe_) {
-        return in_layout<layout_of_t<X>>(
+        return in_layout<layout_like<X>>(
             (*moe_)(in_layout<sequence_whole<X>>(x), splitmix64(seed + 2)));
       }
     }

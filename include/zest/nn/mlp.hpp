@@ -24,7 +24,7 @@ class mlp {
   template <sharded_tensor X>
   auto operator()(const autodiff::variable<X>& x) const {
     const auto whole = whole_on_tp(x);
-    return proj_.template into<layout_of_t<X>>(autodiff::gelu(fc_(whole)));
+    return proj_.template into<layout_like<X>>(autodiff::gelu(fc_(whole)));
   }
 
  private:

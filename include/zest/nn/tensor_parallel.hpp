@@ -39,7 +39,6 @@
 
 #include "zest/autodiff/tape.hpp"
 #include "zest/layout/layout.hpp"
-#include "zest/layout/layout_of.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/tensor/tensor.hpp"
 #include "zest/zero/stage.hpp"
@@ -117,18 +116,23 @@ constexpr layout_value moved_over_sp(layout_value v) {
 }
 }  // namespace detail
 
+// Layouts as types, for redistribute<L>, in_layout<L> and einsum's forced layout, given by
+// their values (detail::layout_constant: nvcc cannot turn a value back into layout<...>). X
+// is a tensor type or an autodiff variable.
+//
+// X's own layout: for another tensor laid out alike (dims that X splits, some of its own).
+template <class X>
+using layout_like = detail::layout_constant<detail::tensor_of<X>::type::layout>;
 // X's layout, whole on tp: what a tensor-parallel region takes in. From a sequence-parallel
-// stream (split(t:tp)) it is an all-gather over tp; otherwise X's own layout. X is a tensor
-// type or an autodiff variable.
+// stream (split(t:tp)) it is an all-gather over tp; otherwise X's own layout.
 template <class X, class T = typename detail::tensor_of<X>::type>
 using tp_region_input =
-    layout_of_t<with_layout<T, detail::released_tp<typename T::mesh_type>(T::layout)>>;
-
+    detail::layout_constant<detail::released_tp<typename T::mesh_type>(T::layout)>;
 // X's layout, whole on tp and sp: what a layer that needs every token of a sequence takes
 // in (the experts: capacity is counted along a sequence).
 template <class X, class T = typename detail::tensor_of<X>::type>
 using sequence_whole =
-    layout_of_t<with_layout<T, detail::released_tp_sp<typename T::mesh_type>(T::layout)>>;
+    detail::layout_constant<detail::released_tp_sp<typename T::mesh_type>(T::layout)>;
 
 // y in layout L (a layout type), y itself when it has it already.
 template <class L, sharded_tensor Y>
@@ -154,8 +158,7 @@ auto whole_on_tp(const autodiff::variable<X>& x) {
 template <char From, char To, sharded_tensor X>
 auto across_sp(const autodiff::variable<X>& x) {
   return in_layout<
-      layout_of_t<with_layout<X, detail::moved_over_sp<typename X::mesh_type, From, To>(X::layout)>>>(
-      x);
+      detail::layout_constant<detail::moved_over_sp<typename X::mesh_type, From, To>(X::layout)>>(x);
 }
 
 }  // namespace zest
