@@ -134,10 +134,19 @@ template <class X, class T = typename detail::tensor_of<X>::type>
 using sequence_whole =
     detail::layout_constant<detail::released_tp_sp<typename T::mesh_type>(T::layout)>;
 
+namespace detail {
+// Whether layout L is Y's own (compared as keys: nvcc's front end does not fold the
+// comparison of two layout values in an if constexpr).
+template <class L, class Y>
+inline constexpr bool is_own_layout =
+    static_cast<layout_key>(layout_value_of<typename Y::mesh_type, Y::dims, L>) ==
+    static_cast<layout_key>(Y::layout);
+}  // namespace detail
+
 // y in layout L (a layout type), y itself when it has it already.
 template <class L, sharded_tensor Y>
 auto in_layout(const autodiff::variable<Y>& y) {
-  if constexpr (layout_value_of<typename Y::mesh_type, Y::dims, L> == Y::layout) {
+  if constexpr (detail::is_own_layout<L, Y>) {
     return y;
   } else {
     return autodiff::redistribute<L>(y);
