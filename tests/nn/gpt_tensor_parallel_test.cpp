@@ -17,6 +17,7 @@
 
 #include "support/fixtures.hpp"
 #include "train/training_fixture.hpp"
+#include "zest/layout/layout_of.hpp"
 #include "zest/nn/gpt.hpp"
 #include "zest/zero/cost_model.hpp"
 
