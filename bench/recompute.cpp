@@ -68,12 +68,13 @@ struct run {
   std::int64_t peak_activations = 0;
   std::vector<double> seconds, losses;
   run(const mesh_t& mesh, zest::recomputation mode)
-      : engine(mesh, [&] {
-          zest::zero_options o;
-          o.seed = 5;
-          o.recompute = mode;
-          return o;
-        }()),
+      : engine(mesh,
+               [&] {
+                 zest::zero_options o;
+                 o.seed = 5;
+                 o.recompute = mode;
+                 return o;
+               }()),
         model(engine, model_options()) {}
 };
 
@@ -111,15 +112,15 @@ int main(int argc, char** argv) {
       }
     }
 
-    zest::transformer_config c =
-        zest::gpt_transformer("bench", layers, width, heads, 96, context);
+    zest::transformer_config c = zest::gpt_transformer("bench", layers, width, heads, 96, context);
     c.dropout = false;
     c.tied_output = false;
     const bool same = runs[1]->losses == runs[0]->losses && runs[2]->losses == runs[0]->losses;
     if (rank == 0) {
-      std::printf("recompute: GPT %zu layers, width %zu, %zu heads, batch %zu x %zu, ZeRO-3, "
-                  "%d ranks; losses equal across modes: %s\n",
-                  layers, width, heads, batch, context, world, same ? "yes" : "NO");
+      std::printf(
+          "recompute: GPT %zu layers, width %zu, %zu heads, batch %zu x %zu, ZeRO-3, "
+          "%d ranks; losses equal across modes: %s\n",
+          layers, width, heads, batch, context, world, same ? "yes" : "NO");
       std::printf("%-10s %16s %12s %14s %16s\n", "mode", "peak act MiB", "vs none", "step s",
                   "planner MiB");
       const double none_peak = static_cast<double>(runs[0]->peak_activations);
@@ -132,8 +133,7 @@ int main(int argc, char** argv) {
         p.zero_stage = 3;
         p.recompute = modes[i];
         p.micro_batch = batch / static_cast<std::size_t>(world);
-        const double planned =
-            zest::plan_transformer(c, p, zest::fp32_adam).activations.total();
+        const double planned = zest::plan_transformer(c, p, zest::fp32_adam).activations.total();
         std::printf("%-10s %16.2f %12.3f %14.4f %16.2f\n", name.c_str(), peak / 1048576.0,
                     peak / none_peak, median(runs[i]->seconds), planned / 1048576.0);
         std::printf("METRIC recompute_peak_activation_mib_%s %.4f\n", name.c_str(),

@@ -69,8 +69,8 @@ struct trainer {
     (void)zest::train_step(engine, model, in, tg, 1e-3);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return {s, (mesh->axis(0).stats() - dp0).bytes_sent(), (mesh->axis(1).stats() - tp0).bytes_sent(),
-            counters.peak.load() - live};
+    return {s, (mesh->axis(0).stats() - dp0).bytes_sent(),
+            (mesh->axis(1).stats() - tp0).bytes_sent(), counters.peak.load() - live};
   }
 };
 
@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       const double tokens = static_cast<double>(batch * o.context);
       const double m_dp = median(t_dp), m_tp = median(t_tp), m_sp = median(t_sp);
-      std::printf("config    median step   tokens/s   dp bytes/step   tp bytes/step   peak above states\n");
+      std::printf(
+          "config    median step   tokens/s   dp bytes/step   tp bytes/step   peak above states\n");
       const auto line = [&](const char* name, double m, const step_figures& f) {
         std::printf("%-8s  %9.4f s  %9.0f  %14llu  %14llu  %10.1f MiB\n", name, m, tokens / m,
                     static_cast<unsigned long long>(f.dp_bytes),
@@ -154,12 +155,18 @@ int main(int argc, char** argv) {
       std::printf("METRIC tp_tokens_per_s_tp2_sp %.1f\n", tokens / m_sp);
       std::printf("METRIC tp_step_ratio_tp2_vs_dp2 %.4f\n", m_tp / m_dp);
       std::printf("METRIC tp_step_ratio_tp2_sp_vs_dp2 %.4f\n", m_sp / m_dp);
-      std::printf("METRIC tp_bytes_per_step_dp_dp2 %llu\n", static_cast<unsigned long long>(f_dp.dp_bytes));
-      std::printf("METRIC tp_bytes_per_step_tp_tp2 %llu\n", static_cast<unsigned long long>(f_tp.tp_bytes));
-      std::printf("METRIC tp_bytes_per_step_tp_tp2_sp %llu\n", static_cast<unsigned long long>(f_sp.tp_bytes));
-      std::printf("METRIC tp_activation_peak_mib_dp2 %.2f\n", static_cast<double>(f_dp.peak_above_states) / (1 << 20));
-      std::printf("METRIC tp_activation_peak_mib_tp2 %.2f\n", static_cast<double>(f_tp.peak_above_states) / (1 << 20));
-      std::printf("METRIC tp_activation_peak_mib_tp2_sp %.2f\n", static_cast<double>(f_sp.peak_above_states) / (1 << 20));
+      std::printf("METRIC tp_bytes_per_step_dp_dp2 %llu\n",
+                  static_cast<unsigned long long>(f_dp.dp_bytes));
+      std::printf("METRIC tp_bytes_per_step_tp_tp2 %llu\n",
+                  static_cast<unsigned long long>(f_tp.tp_bytes));
+      std::printf("METRIC tp_bytes_per_step_tp_tp2_sp %llu\n",
+                  static_cast<unsigned long long>(f_sp.tp_bytes));
+      std::printf("METRIC tp_activation_peak_mib_dp2 %.2f\n",
+                  static_cast<double>(f_dp.peak_above_states) / (1 << 20));
+      std::printf("METRIC tp_activation_peak_mib_tp2 %.2f\n",
+                  static_cast<double>(f_tp.peak_above_states) / (1 << 20));
+      std::printf("METRIC tp_activation_peak_mib_tp2_sp %.2f\n",
+                  static_cast<double>(f_sp.peak_above_states) / (1 << 20));
       std::printf("METRIC tp_bytes_match_formula %d\n", match);
     }
   } catch (const std::exception& e) {

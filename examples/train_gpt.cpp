@@ -338,12 +338,11 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
                           (f.tie_head ? ", tied head" : ", untied head") + ", RoPE base " +
                           zest::report::format_number(f.rope_base, 6)
                     : std::string())
-            << (f.moe
-                    ? ", MoE " + std::to_string(f.experts) + " experts top-" +
-                          std::to_string(f.top_k) + " in " + std::to_string(moe_layers) +
-                          " layers" + (f.moe_dropless ? ", dropless" : "") +
-                          (f.bias_update_rate > 0 ? ", balanced by a routing bias" : "")
-                    : std::string())
+            << (f.moe ? ", MoE " + std::to_string(f.experts) + " experts top-" +
+                            std::to_string(f.top_k) + " in " + std::to_string(moe_layers) +
+                            " layers" + (f.moe_dropless ? ", dropless" : "") +
+                            (f.bias_update_rate > 0 ? ", balanced by a routing bias" : "")
+                      : std::string())
             << '\n';
   std::cout << "model states per rank: "
             << zest::report::format_bytes(static_cast<double>(model_state_bytes));
@@ -610,8 +609,9 @@ void check_run(const flags& f, int world, int ranks_here) {
   } else if (f.moe_dropless && f.was_given("--capacity-factor")) {
     fail("--capacity-factor applies to --moe-capacity runs (--moe-dropless has no capacity)");
   } else if (f.recompute == "full") {
-    fail("--recompute full applies to dense blocks: an expert layer's aux loss leaves its "
-         "block (use --recompute selective with --moe)");
+    fail(
+        "--recompute full applies to dense blocks: an expert layer's aux loss leaves its "
+        "block (use --recompute selective with --moe)");
   } else if (f.experts < static_cast<std::size_t>(f.top_k)) {
     fail("--experts " + std::to_string(f.experts) + " is fewer than --top-k " +
          std::to_string(f.top_k));

@@ -53,10 +53,10 @@ namespace train_gpt_example {
 // Megatron's sequence parallelism between their tensor-parallel regions over tp
 // (zest/nn/tensor_parallel.hpp); an axis of one rank moves nothing.
 template <class Mesh>
-using token_layout = std::conditional_t<
-    zest::has_tensor_axis<Mesh>,
-    zest::layout<zest::split<'b', "dp", "ep">, zest::split<'t', "sp", "tp">>,
-    zest::layout<zest::split<'b', "dp", "ep">>>;
+using token_layout =
+    std::conditional_t<zest::has_tensor_axis<Mesh>,
+                       zest::layout<zest::split<'b', "dp", "ep">, zest::split<'t', "sp", "tp">>,
+                       zest::layout<zest::split<'b', "dp", "ep">>>;
 
 struct flags {
   int zero = 3;
@@ -90,10 +90,10 @@ struct flags {
   int top_k = 2;
   double capacity_factor = 1.25;
   double aux_weight = 0.01;
-  bool moe_capacity = false;  // --moe-capacity: GShard's capacity routing (the default)
-  bool moe_dropless = false;  // --moe-dropless: every expert computes exactly its tokens
+  bool moe_capacity = false;    // --moe-capacity: GShard's capacity routing (the default)
+  bool moe_dropless = false;    // --moe-dropless: every expert computes exactly its tokens
   double bias_update_rate = 0;  // balancing without an aux loss: the routing bias's step
-  int ep = 0;  // 0: as many as the experts and ranks allow
+  int ep = 0;                   // 0: as many as the experts and ranks allow
   int tp = 1;
   int sp = 1;
   // The model: gpt (zest::gpt) or llama (examples/llama.hpp).
@@ -367,8 +367,12 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     if constexpr (Arch::has_experts) {
       if (f.moe) {
         auto m = model.last_moe_report();
-        moe = {m.nll, m.aux_loss, m.dropped_fraction, std::move(m.tokens_per_expert),
-               std::move(m.load_per_expert), std::move(m.dropped_per_expert)};
+        moe = {m.nll,
+               m.aux_loss,
+               m.dropped_fraction,
+               std::move(m.tokens_per_expert),
+               std::move(m.load_per_expert),
+               std::move(m.dropped_per_expert)};
         if (f.bias_update_rate > 0) model.update_routing_bias();
       }
     }
@@ -408,7 +412,8 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     zest::json::value config = config_json(f, data.vocab_size());
     config["schedule"] = schedule_json(schedule);  // resolve_schedule reads it on --load
     if constexpr (Arch::has_experts) {
-      if (f.moe && f.bias_update_rate > 0) config["routing_bias"] = routing_bias_json(model.routing_biases());
+      if (f.moe && f.bias_update_rate > 0)
+        config["routing_bias"] = routing_bias_json(model.routing_biases());
     }
     zest::save_training_state(f.save, engine, step, std::move(config), data.identity());
     if (root && !f.quiet) std::cout << "saved " << f.save << " at step " << step << '\n';

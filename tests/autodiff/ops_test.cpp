@@ -540,7 +540,8 @@ TEST_CASE("embedding: a vocabulary-parallel table (rows split, unevenly) gives a
                     layout<split<'b', "dp">, partial<"tp">>>(m2);
     check_embedding<layout<split<'t', "dp">>, layout<split<'v', "tp">, split<'m', "dp">>,
                     layout<split<'t', "dp">, partial<"tp">>>(m2);
-    check_embedding<layout<>, layout<split<'v', "dp", "tp">>, layout<partial<"dp">, partial<"tp">>>(m2);
+    check_embedding<layout<>, layout<split<'v', "dp", "tp">>, layout<partial<"dp">, partial<"tp">>>(
+        m2);
   }
 }
 

@@ -65,7 +65,8 @@ void check_choices(const R& r, const std::vector<std::vector<choice>>& want) {
       CHECK(experts[s * k + j] == c.expert);
       CHECK(slots[s * k + j] == c.slot);
       double sum = 0;
-      for (std::size_t i = 0; i < k; ++i) sum += hand_p[s][static_cast<std::size_t>(want[s][i].expert)];
+      for (std::size_t i = 0; i < k; ++i)
+        sum += hand_p[s][static_cast<std::size_t>(want[s][i].expert)];
       const double gate = hand_p[s][static_cast<std::size_t>(c.expert)] / (k == 1 ? 1.0 : sum);
       CHECK(weights[s * k + j] == doctest::Approx(c.slot < 0 ? 0.0 : gate).epsilon(1e-13));
     }
@@ -235,8 +236,8 @@ void check_op_against_capacity_pieces(const mesh2& m, int k) {
     auto b_in = param.template operator()<tensor<T, mesh2, "eh", experts>>({E, H}, 6, t);
     auto w_out = param.template operator()<tensor<T, mesh2, "ehm", experts>>({E, H, M}, 7, t);
     auto b_out = param.template operator()<tensor<T, mesh2, "em", experts>>({E, M}, 8, t);
-    moe::gating_options o{.top_k = k, .dropless = path == 1, .random_routing = false,
-                          .one_hot = false};
+    moe::gating_options o{
+        .top_k = k, .dropless = path == 1, .random_routing = false, .one_hot = false};
     o.capacity_factor = static_cast<double>(E) / k;  // C = S: nothing dropped
     auto r = moe::gating(logits, o);
     REQUIRE(r.capacity == S);
@@ -330,9 +331,9 @@ TEST_CASE("gating: bad k and bias are errors naming the operation") {
     const std::vector<double> bias{0, 1};
     moe::gating_options o{.top_k = 1};
     o.routing_bias = bias;
-    CHECK_THROWS_WITH_AS(moe::gating(logits, o),
-                         doctest::Contains("routing_bias has 2 values, the logits \"gse\" have e = 3"),
-                         shape_error);
+    CHECK_THROWS_WITH_AS(
+        moe::gating(logits, o),
+        doctest::Contains("routing_bias has 2 values, the logits \"gse\" have e = 3"), shape_error);
   });
 }
 

@@ -27,7 +27,7 @@ using namespace zest::testing;
 
 using tp_mesh = mesh<"dp", "tp">;
 using policy = training_policy<tp_mesh, zero_stage<3>, float>;
-using tensor_parallel = layout<split<'b', "dp">>;                     // the stream whole on tp
+using tensor_parallel = layout<split<'b', "dp">>;                      // the stream whole on tp
 using sequence_parallel = layout<split<'b', "dp">, split<'t', "tp">>;  // and split on t there
 
 template <class Tokens>
@@ -197,7 +197,8 @@ TEST_CASE("gpt, Ulysses sequence parallel (with and without tp): N ranks train l
     if (shape[1] == 1) {
       const gpt_options o = small_gpt();
       const auto P = static_cast<std::uint64_t>(shape[2]);
-      const std::uint64_t A = small_batch / static_cast<std::uint64_t>(shape[0]) * o.context * o.width;
+      const std::uint64_t A =
+          small_batch / static_cast<std::uint64_t>(shape[0]) * o.context * o.width;
       CHECK(sp[collective::all_to_all].bytes_sent ==
             20 * 8 * o.layers * (A / P) * (P - 1) / P * sizeof(float));
     }

@@ -41,15 +41,12 @@ struct function_run {
 // loss = sum(dropout(gelu(x w) * (x w)) v), the middle part checkpointed or not; `nested`:
 // gelu(u) * u checkpointed again inside it.
 function_run run_function(const world_mesh& mesh, bool recompute, bool nested = false) {
-  const auto xv = x_t::generate(mesh, {B, T, M}, [](const auto& i) {
-    return static_cast<float>(value_at(i, 1) * 0.1);
-  });
-  const auto wv = w_t::generate(mesh, {M, H}, [](const auto& i) {
-    return static_cast<float>(value_at(i, 2) * 0.1);
-  });
-  const auto vv = w_t::generate(mesh, {M, H}, [](const auto& i) {
-    return static_cast<float>(value_at(i, 3) * 0.05);
-  });
+  const auto xv = x_t::generate(
+      mesh, {B, T, M}, [](const auto& i) { return static_cast<float>(value_at(i, 1) * 0.1); });
+  const auto wv = w_t::generate(
+      mesh, {M, H}, [](const auto& i) { return static_cast<float>(value_at(i, 2) * 0.1); });
+  const auto vv = w_t::generate(
+      mesh, {M, H}, [](const auto& i) { return static_cast<float>(value_at(i, 3) * 0.05); });
   ad::tape t;
   auto x = t.parameter(x_t(xv));
   auto w = t.parameter(w_t(wv));
@@ -57,7 +54,8 @@ function_run run_function(const world_mesh& mesh, bool recompute, bool nested = 
   const std::int64_t before = memory::live_bytes();
   auto body = [w, nested](const ad::variable<x_t>& in) {
     auto u = ad::einsum<"btm,mh->bth">(in, w);
-    auto g = ad::checkpoint_if(nested, [](const auto& a) { return ad::gelu(a) * a; }, u);
+    auto g = ad::checkpoint_if(
+        nested, [](const auto& a) { return ad::gelu(a) * a; }, u);
     return ad::dropout(g, 0.25, 99);
   };
   auto y = ad::checkpoint_if(recompute, body, x);
@@ -127,15 +125,14 @@ TEST_CASE("checkpoint: bad input is a clear error") {
     ad::tape t1, t2;
     auto a = t1.parameter(x_t(xv));
     auto b = t2.parameter(x_t(xv));
-    CHECK_THROWS_WITH_AS(
-        ad::checkpoint([](const auto& p, const auto& q) { return p + q; }, a, b),
-        doctest::Contains("different tapes"), std::logic_error);
+    CHECK_THROWS_WITH_AS(ad::checkpoint([](const auto& p, const auto& q) { return p + q; }, a, b),
+                         doctest::Contains("different tapes"), std::logic_error);
   }
   SUBCASE("a ZeRO group entered inside the function") {
     zero_engine<training_policy<world_mesh, zero_stage<3>, float>> engine(mesh, {});
     const std::size_t g = engine.begin_group("layer");
     parameter<training_policy<world_mesh, zero_stage<3>, float>, "mh"> w(engine, "w", {M, H},
-                                                                          init::normal(0.02));
+                                                                         init::normal(0.02));
     engine.end_group();
     ad::tape t;
     auto x = t.parameter(x_t(xv));
@@ -250,9 +247,9 @@ void check_modes(const Options& options, const char* name, std::int64_t core_byt
 
   // Peak bytes of a step above the model states: selective drops the attention core of every
   // block but the one being rebuilt, full keeps a block's input only.
-  MESSAGE(std::string(name) << " stage " << Stage << " ranks " << mesh.world_size() << ": peak above states "
-               << none.peak << " (none), " << selective.peak << " (selective), " << full.peak
-               << " (full)");
+  MESSAGE(std::string(name) << " stage " << Stage << " ranks " << mesh.world_size()
+                            << ": peak above states " << none.peak << " (none), " << selective.peak
+                            << " (selective), " << full.peak << " (full)");
   // At the peak (backward's start) every block but one holds its two b n t s tensors (scores,
   // probabilities) under none, not under selective; under full every block but one drops at
   // least its q, k, v and output projection (b t m each) beside them.
@@ -320,7 +317,8 @@ tp_run run_tp(const tp_mesh& mesh, recomputation mode) {
     const auto [in, tg] = s.template batch<Tokens>(mesh, k);
     const auto dp0 = mesh.axis(0).stats();
     const auto tp0 = mesh.axis(1).stats();
-    r.losses.push_back(train_step(engine, model, in, tg, learning_rate(static_cast<std::int64_t>(k)), k).loss);
+    r.losses.push_back(
+        train_step(engine, model, in, tg, learning_rate(static_cast<std::int64_t>(k)), k).loss);
     if (k == 0) {
       r.dp_bytes = (mesh.axis(0).stats() - dp0).bytes_sent();
       r.tp_bytes = (mesh.axis(1).stats() - tp0).bytes_sent();
@@ -348,8 +346,8 @@ void check_tp_modes(const std::array<int, 2>& shape) {
   CHECK(full.dp_bytes == none.dp_bytes);
   CHECK(selective.tp_bytes == none.tp_bytes);  // the core is local: heads split over tp
   const auto p = static_cast<std::uint64_t>(shape[1]);
-  const std::uint64_t a = small_batch / static_cast<std::uint64_t>(shape[0]) *
-                          small_gpt().context * small_gpt().width;
+  const std::uint64_t a =
+      small_batch / static_cast<std::uint64_t>(shape[0]) * small_gpt().context * small_gpt().width;
   const std::uint64_t layers = small_gpt().layers;
   CHECK(full.tp_bytes - none.tp_bytes == layers * 2 * (2 * (p - 1) * a / p) * sizeof(float));
 }

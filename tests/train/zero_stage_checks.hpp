@@ -139,7 +139,8 @@ struct zero_stage_checks {
       CHECK(a.traffic.bytes_sent() == b.traffic.bytes_sent());
       if (test_stage != 1 && mesh.world_size() > 1) {
         // Stage 1 reduces at the step, the others during backward: buckets add calls there.
-        const collective kind = test_stage == 0 ? collective::all_reduce : collective::reduce_scatter;
+        const collective kind =
+            test_stage == 0 ? collective::all_reduce : collective::reduce_scatter;
         CHECK(b.traffic[kind].calls > a.traffic[kind].calls);
       }
     }

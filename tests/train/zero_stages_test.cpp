@@ -11,22 +11,22 @@
 namespace {
 using zest::testing::zero_stage_checks;
 
-#define ZEST_ZERO_STAGE_CASES(K)                                                        \
-  TEST_CASE("ZeRO stage " #K ": N ranks train like one rank" *                          \
-            doctest::test_suite("train_zero" #K)) {                                     \
-    zero_stage_checks<K>::trains_like_one_rank();                                       \
-  }                                                                                     \
-  TEST_CASE("ZeRO stage " #K ": bytes communicated per step equal the formula" *        \
-            doctest::test_suite("train_zero" #K)) {                                     \
-    zero_stage_checks<K>::bytes_equal_formula();                                        \
-  }                                                                                     \
-  TEST_CASE("ZeRO stage " #K ": model-state bytes per rank equal the formula" *         \
-            doctest::test_suite("train_zero" #K)) {                                     \
-    zero_stage_checks<K>::states_equal_formula();                                       \
-  }                                                                                     \
+#define ZEST_ZERO_STAGE_CASES(K)                                                          \
+  TEST_CASE("ZeRO stage " #K ": N ranks train like one rank" *                            \
+            doctest::test_suite("train_zero" #K)) {                                       \
+    zero_stage_checks<K>::trains_like_one_rank();                                         \
+  }                                                                                       \
+  TEST_CASE("ZeRO stage " #K ": bytes communicated per step equal the formula" *          \
+            doctest::test_suite("train_zero" #K)) {                                       \
+    zero_stage_checks<K>::bytes_equal_formula();                                          \
+  }                                                                                       \
+  TEST_CASE("ZeRO stage " #K ": model-state bytes per rank equal the formula" *           \
+            doctest::test_suite("train_zero" #K)) {                                       \
+    zero_stage_checks<K>::states_equal_formula();                                         \
+  }                                                                                       \
   TEST_CASE("ZeRO stage " #K ": buckets and prefetch change the calls, not the numbers" * \
-            doctest::test_suite("train_zero" #K)) {                                     \
-    zero_stage_checks<K>::buckets_change_calls_not_numbers();                           \
+            doctest::test_suite("train_zero" #K)) {                                       \
+    zero_stage_checks<K>::buckets_change_calls_not_numbers();                             \
   }
 
 ZEST_ZERO_STAGE_CASES(0)

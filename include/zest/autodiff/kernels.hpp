@@ -888,7 +888,9 @@ template <class T>
 struct max_plus_log {
   const T* max;
   T* sum;  // in: the sum of exponentials; out: lse
-  ZEST_HOST_DEVICE void operator()(std::size_t row) const { sum[row] = max[row] + dmath::log(sum[row]); }
+  ZEST_HOST_DEVICE void operator()(std::size_t row) const {
+    sum[row] = max[row] + dmath::log(sum[row]);
+  }
 };
 // out[row] = x[target] where this rank holds the target's class (classes [first_class,
 // first_class + walk.n)), else 0.
@@ -939,8 +941,8 @@ struct cross_entropy_backward {
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t row = walk.row_of(i);
     const T d = dmath::exp(x[i] - lse[row]) * scale;
-    dx[i] = first_class + walk.position_of(i) == static_cast<std::size_t>(targets[row]) ? d - scale
-                                                                                          : d;
+    dx[i] =
+        first_class + walk.position_of(i) == static_cast<std::size_t>(targets[row]) ? d - scale : d;
   }
   void host(std::size_t count) const {
     if (walk.inner != 1 || walk.n == 0) {

@@ -620,10 +620,9 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
       if (id < 0 || static_cast<std::size_t>(id) >= rows)
         detail::bad_index<"embedding">(ids, p, id, rows, "id");
     }
-    for_each_kernel<B>(y.local_count(),
-                       kernels::embedding_gather<T>{tv.local().data(), ids.local().data(),
-                                                    y.local().data(), width, first_row,
-                                                    local_rows});
+    for_each_kernel<B>(y.local_count(), kernels::embedding_gather<T>{
+                                            tv.local().data(), ids.local().data(), y.local().data(),
+                                            width, first_row, local_rows});
     auto out = detail::make_result(table.owner(), std::move(y), table.requires_grad());
     if (out.requires_grad()) {
       // For the gradient: the positions of each of this rank's table rows, in order (a stable
@@ -688,8 +687,7 @@ double split_class_loss(const L& lv, const std::int32_t* targets, const kernels:
   for_each_kernel<B>(rows, kernels::sum_exp_rows<T>{px, row_max.data(), lse.data(), walk});
   over_class_axes(lse.data(), reduce_op::sum);
   for_each_kernel<B>(rows, kernels::max_plus_log<T>{row_max.data(), lse.data()});
-  for_each_kernel<B>(rows,
-                     kernels::target_logit<T>{px, targets, picked.data(), walk, first_class});
+  for_each_kernel<B>(rows, kernels::target_logit<T>{px, targets, picked.data(), walk, first_class});
   over_class_axes(picked.data(), reduce_op::sum);
   return sum_kernel<B>(rows, kernels::difference<T>{lse.data(), picked.data()});
 }
@@ -793,11 +791,10 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
             static_cast<double>(detail::scalar_value(redistribute_to<grad_at>(*on->grad))) /
             static_cast<double>(count));
         dual_tensor<L> dx(ln->value.mesh(), ln->value.extents(), dual_tensor<L>::uninitialized);
-        for_each_kernel<B>(
-            dx.local_count(),
-            kernels::cross_entropy_backward<T>{std::as_const(ln->value).local().data(), lse.data(),
-                                               picked.data(), dx.local().data(), walk, scale,
-                                               first_class});
+        for_each_kernel<B>(dx.local_count(),
+                           kernels::cross_entropy_backward<T>{
+                               std::as_const(ln->value).local().data(), lse.data(), picked.data(),
+                               dx.local().data(), walk, scale, first_class});
         ln->accumulate(std::move(dx));
       });
     }

@@ -385,9 +385,10 @@ constexpr bool splits_only(const layout_value& v, std::string_view dims) {
 template <class Mesh, fixed_string Dims, class L>
 constexpr layout_value layout_value_for() {
   if constexpr (requires { typename L::zest_layout_value_tag; }) {
-    static_assert(L::value.axis_count == Mesh::axis_names.size() && splits_only(L::value, view_of<Dims>),
-                  "zest layout: a layout value (layout_constant) for another mesh, or splitting a "
-                  "dim the tensor lacks. Fix: compute it from a layout of this mesh and dims.");
+    static_assert(
+        L::value.axis_count == Mesh::axis_names.size() && splits_only(L::value, view_of<Dims>),
+        "zest layout: a layout value (layout_constant) for another mesh, or splitting a "
+        "dim the tensor lacks. Fix: compute it from a layout of this mesh and dims.");
     return L::value;
   } else {
     return normalise_layout<Mesh, Dims, L>();

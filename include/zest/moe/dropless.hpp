@@ -116,16 +116,17 @@ constexpr bool dropless_tokens_ok() {
   constexpr layout_value v = X::layout;
   if (v.any_partial() || v.split_count('s') != 0 || v.split_count('m') != 0) return false;
   return v.is_replicate(axis) ||
-         (v.splits(axis, 'g') && static_cast<std::size_t>(v.axes[axis].order) + 1 == v.split_count('g'));
+         (v.splits(axis, 'g') &&
+          static_cast<std::size_t>(v.axes[axis].order) + 1 == v.split_count('g'));
 }
 
 template <fixed_string ExpertAxis, class W, fixed_string Dims>
 constexpr bool check_expert_weight() {
   if constexpr (!check_dims<"dropless_experts", W, Dims>()) {
     return false;
-  } else if constexpr (W::layout != expert_only(W::mesh_type::axis_count,
-                                                axis_named<typename W::mesh_type>(
-                                                    view_of<ExpertAxis>))) {
+  } else if constexpr (W::layout !=
+                       expert_only(W::mesh_type::axis_count,
+                                   axis_named<typename W::mesh_type>(view_of<ExpertAxis>))) {
     (void)dispatch_error::dropless_weight_layout<ExpertAxis, W>{};
     return false;
   } else {
@@ -145,8 +146,8 @@ struct dropless_state {
   typename B::template buffer<std::int64_t> map;      // expert-major row -> received row
   typename B::template buffer<T> x, h, a, y_back;     // x, h, a expert-major; y_back as sent
   choice_rows at() const {
-    return {routes->expert.data(), routes->slot.data(), base.data(), routes->experts,
-            tokens * k, k};
+    return {routes->expert.data(), routes->slot.data(), base.data(),
+            routes->experts,       tokens * k,          k};
   }
 };
 
@@ -204,10 +205,9 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     throw fail("b_in \"eh\" is ", b_in->value().extents()[0], " x ", b_in->value().extents()[1],
                ", w_in \"emh\" has e = ", E, ", h = ", H);
   }
-  if (b_out != nullptr &&
-      (b_out->value().extents()[0] != E || b_out->value().extents()[1] != M)) {
-    throw fail("b_out \"em\" is ", b_out->value().extents()[0], " x ",
-               b_out->value().extents()[1], ", w_out \"ehm\" has e = ", E, ", m = ", M);
+  if (b_out != nullptr && (b_out->value().extents()[0] != E || b_out->value().extents()[1] != M)) {
+    throw fail("b_out \"em\" is ", b_out->value().extents()[0], " x ", b_out->value().extents()[1],
+               ", w_out \"ehm\" has e = ", E, ", m = ", M);
   }
   if (E % n != 0) {
     throw fail("E = ", E, " experts do not divide over the expert axis '", view_of<ExpertAxis>,
@@ -216,8 +216,9 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   check_same_extents<"dropless_experts">(expert_index, slot_index, "expert_index", "slot_index");
   check_same_extents<"dropless_experts">(expert_index, weight.value(), "expert_index", "weight");
   if (expert_index.extents()[0] != xe[0] || expert_index.extents()[1] != xe[1]) {
-    throw fail("x \"gsm\" has g = ", xe[0], ", s = ", xe[1], " but the routing \"gsk\" has g = ",
-               expert_index.extents()[0], ", s = ", expert_index.extents()[1]);
+    throw fail("x \"gsm\" has g = ", xe[0], ", s = ", xe[1],
+               " but the routing \"gsk\" has g = ", expert_index.extents()[0],
+               ", s = ", expert_index.extents()[1]);
   }
 
   const auto& ei = autodiff::detail::at_layout<at_gsk>(expert_index);
@@ -248,9 +249,9 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   std::vector<std::int64_t> per_expert(E, 0), base(cells);
   for (std::size_t i = 0; i < cells; ++i) {
     if (kept[i] != ends[i]) {
-      throw fail("the kept slots of expert ", i % E, " in group ",
-                 ei.local_offsets()[0] + i / E, " are not 0 .. ", kept[i] - 1,
-                 " (the largest is ", ends[i] - 1, "); use the slots of moe::gating");
+      throw fail("the kept slots of expert ", i % E, " in group ", ei.local_offsets()[0] + i / E,
+                 " are not 0 .. ", kept[i] - 1, " (the largest is ", ends[i] - 1,
+                 "); use the slots of moe::gating");
     }
     per_expert[i % E] += kept[i];
   }
@@ -323,7 +324,8 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     s.map = B::template from_host<std::int64_t>(std::span<const std::int64_t>(map));
   }
   s.x = typename B::template buffer<T>(s.recv_rows * M);
-  for_each_kernel<B>(s.recv_rows * M, move_rows<T>{recv.data(), s.map.data(), s.x.data(), M, false});
+  for_each_kernel<B>(s.recv_rows * M,
+                     move_rows<T>{recv.data(), s.map.data(), s.x.data(), M, false});
   s.h = typename B::template buffer<T>(s.recv_rows * H);
   s.a = typename B::template buffer<T>(s.recv_rows * H);
   typename B::template buffer<T> y(s.recv_rows * M);
@@ -335,20 +337,21 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     gemm<B>(s.x.data() + o * M, "tm", rows, M, pw1 + l * M * H, "mh", M, H, s.h.data() + o * H,
             "th", rows, H);
     if (b_in != nullptr) {
-      for_each_kernel<B>(rows * H, add_bias<T>{s.h.data() + o * H,
-                                               b_in->value().local().data() + l * H, H});
+      for_each_kernel<B>(rows * H,
+                         add_bias<T>{s.h.data() + o * H, b_in->value().local().data() + l * H, H});
     }
   }
-  for_each_kernel<B>(s.recv_rows * H, autodiff::kernels::unary_forward<T, autodiff::kernels::gelu_fn>{
-                                          s.h.data(), s.a.data(), {}});
+  for_each_kernel<B>(
+      s.recv_rows * H,
+      autodiff::kernels::unary_forward<T, autodiff::kernels::gelu_fn>{s.h.data(), s.a.data(), {}});
   for (std::size_t l = 0; l < El; ++l) {
     const std::size_t o = s.offsets[l], rows = s.rows[l];
     if (rows == 0) continue;
-    gemm<B>(s.a.data() + o * H, "th", rows, H, pw2 + l * H * M, "hm", H, M, y.data() + o * M,
-            "tm", rows, M);
+    gemm<B>(s.a.data() + o * H, "th", rows, H, pw2 + l * H * M, "hm", H, M, y.data() + o * M, "tm",
+            rows, M);
     if (b_out != nullptr) {
-      for_each_kernel<B>(rows * M, add_bias<T>{y.data() + o * M,
-                                               b_out->value().local().data() + l * M, M});
+      for_each_kernel<B>(rows * M,
+                         add_bias<T>{y.data() + o * M, b_out->value().local().data() + l * M, M});
     }
   }
 
@@ -361,8 +364,8 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
                                 std::span<T>(s.y_back.data(), s.send_rows * M), s.send_counts);
   }
   out_t z(mesh, xe, out_t::uninitialized);
-  for_each_kernel<B>(z.local_count(),
-                     gather_choices<T>{s.y_back.data(), wu.local().data(), s.at(), z.local().data(), M});
+  for_each_kernel<B>(z.local_count(), gather_choices<T>{s.y_back.data(), wu.local().data(), s.at(),
+                                                        z.local().data(), M});
 
   if (volume != nullptr) {
     *volume = {};
@@ -400,8 +403,8 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     auto& comm = mesh.axis(axis);
     if (wn->requires_grad) {
       w_grad_t dw(wn->value.mesh(), wn->value.extents(), w_grad_t::uninitialized);
-      for_each_kernel<B>(dw.local_count(), choice_dot<T>{dz, s.y_back.data(), s.at(),
-                                                         dw.local().data(), M});
+      for_each_kernel<B>(dw.local_count(),
+                         choice_dot<T>{dz, s.y_back.data(), s.at(), dw.local().data(), M});
       wn->accumulate(zest::redistribute_to<autodiff::dual(Wt::layout)>(std::move(dw)));
     }
     // d y as sent back, then on the experts' ranks, by expert.
@@ -429,7 +432,8 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
       gemm<B>(s.a.data() + o * H, "th", rows, H, dy.data() + o * M, "tm", rows, M,
               dw2.local().data() + l * H * M, "hm", H, M);
       if (db2) {
-        for_each_kernel<B>(M, column_sums<T>{dy.data() + o * M, db2->local().data() + l * M, rows, M});
+        for_each_kernel<B>(M,
+                           column_sums<T>{dy.data() + o * M, db2->local().data() + l * M, rows, M});
       }
       gemm<B>(dy.data() + o * M, "tm", rows, M, pw2 + l * H * M, "hm", H, M, da.data() + o * H,
               "th", rows, H);
@@ -442,10 +446,11 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
       gemm<B>(s.x.data() + o * M, "tm", rows, M, dh.data() + o * H, "th", rows, H,
               dw1.local().data() + l * M * H, "mh", M, H);
       if (db1) {
-        for_each_kernel<B>(H, column_sums<T>{dh.data() + o * H, db1->local().data() + l * H, rows, H});
+        for_each_kernel<B>(H,
+                           column_sums<T>{dh.data() + o * H, db1->local().data() + l * H, rows, H});
       }
-      gemm<B>(dh.data() + o * H, "th", rows, H, pw1 + l * M * H, "mh", M, H,
-              dx_rows.data() + o * M, "tm", rows, M);
+      gemm<B>(dh.data() + o * H, "th", rows, H, pw1 + l * M * H, "mh", M, H, dx_rows.data() + o * M,
+              "tm", rows, M);
     }
     if (w1n->requires_grad) {
       w1n->accumulate(zest::redistribute_to<autodiff::dual(W1::layout)>(std::move(dw1)));
@@ -461,7 +466,8 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     }
     // d x: the rows back to the tokens' ranks, summed per token.
     typename B::template buffer<T> back(n_rows * M), sent(s.send_rows * M);
-    for_each_kernel<B>(n_rows * M, move_rows<T>{dx_rows.data(), s.map.data(), back.data(), M, true});
+    for_each_kernel<B>(n_rows * M,
+                       move_rows<T>{dx_rows.data(), s.map.data(), back.data(), M, true});
     comm.template all_to_all<T>(std::span<const T>(back.data(), n_rows * M), s.recv_counts,
                                 std::span<T>(sent.data(), s.send_rows * M), s.send_counts);
     if (xn->requires_grad) {
@@ -543,10 +549,10 @@ auto dropless_experts(const autodiff::variable<X>& x, const autodiff::variable<W
                        !detail::check_expert_weight<ExpertAxis, W2, "ehm">()) {
     return 0;
   } else {
-    return detail::dropless<ExpertAxis>(
-        x, weight, expert_index, slot_index, w_in,
-        static_cast<const autodiff::variable<W1>*>(nullptr), w_out,
-        static_cast<const autodiff::variable<W2>*>(nullptr), volume);
+    return detail::dropless<ExpertAxis>(x, weight, expert_index, slot_index, w_in,
+                                        static_cast<const autodiff::variable<W1>*>(nullptr), w_out,
+                                        static_cast<const autodiff::variable<W2>*>(nullptr),
+                                        volume);
   }
 }
 

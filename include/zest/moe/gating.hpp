@@ -198,10 +198,10 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o, int req
 
   for_each_kernel<B>(n, route_token<T>{lv.local().data(), r.probs.data(), r.lse.data(),
                                        r.expert.data(), bias ? bias->data() : nullptr, E, k});
-  for_each_kernel<B>(cells, assign_slots<T>{r.probs.data(), r.expert.data(), r.slot.data(),
-                                            r.first_counts.data(), kept_counts.data(),
-                                            routed_counts.data(), S, E, C, lv.local_offsets()[0],
-                                            k, splitmix64(o.seed), random});
+  for_each_kernel<B>(
+      cells, assign_slots<T>{r.probs.data(), r.expert.data(), r.slot.data(), r.first_counts.data(),
+                             kept_counts.data(), routed_counts.data(), S, E, C,
+                             lv.local_offsets()[0], k, splitmix64(o.seed), random});
 
   // The statistics, from the counts per (group, expert).
   routing_stats stats;
@@ -236,10 +236,11 @@ auto route(const autodiff::variable<L>& logits, const gating_options& o, int req
   index_t slot_index(mesh, {G, S, k}, index_t::uninitialized);
   weight_t weight(mesh, {G, S, k}, weight_t::uninitialized);
   for_each_kernel<B>(
-      n * k, write_routing<T>{r.probs.data(), r.expert.data(), r.slot.data(),
-                              expert_index.local().data(), slot_index.local().data(),
-                              weight.local().data(), C_dense != 0 ? combine.local().data() : nullptr,
-                              C_dense != 0 ? dispatch.local().data() : nullptr, E, C, k});
+      n * k,
+      write_routing<T>{r.probs.data(), r.expert.data(), r.slot.data(), expert_index.local().data(),
+                       slot_index.local().data(), weight.local().data(),
+                       C_dense != 0 ? combine.local().data() : nullptr,
+                       C_dense != 0 ? dispatch.local().data() : nullptr, E, C, k});
 
   // The losses: this rank's share of the means over all groups and tokens.
   double aux = sum_kernel<B>(cells, aux_term<T>{r.probs.data(), r.first_counts.data(), S, E});

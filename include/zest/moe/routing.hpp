@@ -67,8 +67,8 @@ struct routing_stats {
   std::vector<std::int64_t> routed_per_expert;   // assignments routed (all k), before capacity
   std::vector<std::int64_t> kept_per_expert;     // assignments kept (all k), after capacity
   std::vector<std::int64_t> dropped_per_expert;  // routed, then over capacity
-  std::int64_t tokens = 0;                      // local tokens
-  std::int64_t assignments = 0;                 // tokens * top_k
+  std::int64_t tokens = 0;                       // local tokens
+  std::int64_t assignments = 0;                  // tokens * top_k
   std::int64_t dropped = 0;  // assignments dropped (over capacity, or a later choice not routed)
 };
 

@@ -163,8 +163,8 @@ class gpt {
     double nll = 0;       // the cross-entropy alone
     double aux_loss = 0;  // mean over the expert layers
     double z_loss = 0;
-    double dropped_fraction = 0;                  // of all assignments, over all layers
-    std::vector<std::int64_t> tokens_per_expert;  // top-1, summed over layers
+    double dropped_fraction = 0;                   // of all assignments, over all layers
+    std::vector<std::int64_t> tokens_per_expert;   // top-1, summed over layers
     std::vector<std::int64_t> load_per_expert;     // routed choices (all k), summed over layers
     std::vector<std::int64_t> dropped_per_expert;  // of those, over capacity
   };

@@ -55,8 +55,7 @@ inline constexpr bool has_sequence_axis = detail::axis_index_of<Mesh>("sp") < Me
 
 // layout<split<D, "tp">> on a mesh with "tp", layout<> on any other: a weight's Base.
 template <class Mesh, char D>
-using split_over_tp =
-    std::conditional_t<has_tensor_axis<Mesh>, layout<split<D, "tp">>, layout<>>;
+using split_over_tp = std::conditional_t<has_tensor_axis<Mesh>, layout<split<D, "tp">>, layout<>>;
 
 namespace detail {
 // v with the named axis's split released (replicated there), if the mesh has that axis.
@@ -108,8 +107,8 @@ constexpr layout_value moved_over_sp(layout_value v) {
         if (a != sp && v.splits(a, From) && v.axes[a].order > v.axes[sp].order)
           throw "zest across_sp: an axis is nested inside sp's split";
       }
-      v.axes[sp] = axis_placement{placement_kind::split, To,
-                                  static_cast<std::uint8_t>(v.split_count(To))};
+      v.axes[sp] =
+          axis_placement{placement_kind::split, To, static_cast<std::uint8_t>(v.split_count(To))};
     }
   }
   return v;
@@ -167,7 +166,8 @@ auto whole_on_tp(const autodiff::variable<X>& x) {
 template <char From, char To, sharded_tensor X>
 auto across_sp(const autodiff::variable<X>& x) {
   return in_layout<
-      detail::layout_constant<detail::moved_over_sp<typename X::mesh_type, From, To>(X::layout)>>(x);
+      detail::layout_constant<detail::moved_over_sp<typename X::mesh_type, From, To>(X::layout)>>(
+      x);
 }
 
 }  // namespace zest

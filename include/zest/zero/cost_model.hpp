@@ -242,8 +242,8 @@ inline step_estimate estimate_step(const transformer_config& c, const parallel_l
   if (p.sequence_parallel) {
     out.tensor.add(collective::all_gather, p.tp, b * s * 4, 2 * micro, cl.tensor);
     if (c.position_table)
-      out.tensor.add(collective::all_gather, p.tp, s * h * static_cast<double>(precision.gradient_bytes),
-                     micro, cl.tensor);
+      out.tensor.add(collective::all_gather, p.tp,
+                     s * h * static_cast<double>(precision.gradient_bytes), micro, cl.tensor);
   }
 
   // ep: the experts' all-to-alls and the replicated weights' gradients.

@@ -144,8 +144,8 @@ outcome dropless_case(C& c) {
   auto b_in = c.template param<tensor<T, M, "eh", expert_split>>({moe_experts, 5}, 29);
   auto w_out = c.template param<tensor<T, M, "ehm", expert_split>>({moe_experts, 5, moe_width}, 28);
   auto b_out = c.template param<tensor<T, M, "em", expert_split>>({moe_experts, moe_width}, 30);
-  return c.finish(moe::dropless_experts<"dp">(x, r.weight, r.expert_index, r.slot_index, w_in,
-                                              b_in, w_out, b_out),
+  return c.finish(moe::dropless_experts<"dp">(x, r.weight, r.expert_index, r.slot_index, w_in, b_in,
+                                              w_out, b_out),
                   x, logits, w_in, b_in, w_out, b_out);
 }
 

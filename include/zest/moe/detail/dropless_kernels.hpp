@@ -23,8 +23,8 @@ namespace detail {
 struct count_routes {
   const std::int32_t* expert;
   const std::int32_t* slot;
-  std::int64_t* kept;  // [G_l][E]
-  std::int64_t* span;  // [G_l][E]
+  std::int64_t* kept;              // [G_l][E]
+  std::int64_t* span;              // [G_l][E]
   std::size_t experts, per_group;  // per_group = S * k
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t g = i / experts;
@@ -57,9 +57,8 @@ struct choice_rows {
   const std::int64_t* base;  // [G_l][E]
   std::size_t experts, per_group, k;
   ZEST_HOST_DEVICE std::size_t row(std::size_t a) const {
-    return static_cast<std::size_t>(base[a / per_group * experts +
-                                         static_cast<std::size_t>(expert[a])] +
-                                    slot[a]);
+    return static_cast<std::size_t>(
+        base[a / per_group * experts + static_cast<std::size_t>(expert[a])] + slot[a]);
   }
 };
 

@@ -201,7 +201,8 @@ struct gating_backward {
     if (c < 0) return T(0);
     T v = T(0);
     const auto e = static_cast<std::size_t>(expert[t * k + j]);
-    if (dcombine != nullptr) v += dcombine[(t * experts + e) * capacity + static_cast<std::size_t>(c)];
+    if (dcombine != nullptr)
+      v += dcombine[(t * experts + e) * capacity + static_cast<std::size_t>(c)];
     if (dweight != nullptr) v += dweight[t * k + j];
     return v;
   }
@@ -227,7 +228,8 @@ struct gating_backward {
       weighted *= inv * inv;
     }
     T dot = 0;
-    for (std::size_t e = 0; e < E; ++e) dot += p[e] * dp(t, counts, choice, e, add1, sub2, inv, weighted);
+    for (std::size_t e = 0; e < E; ++e)
+      dot += p[e] * dp(t, counts, choice, e, add1, sub2, inv, weighted);
     const T zt = dz * lse[t];
     T* out = dx + t * E;
     for (std::size_t e = 0; e < E; ++e) {
