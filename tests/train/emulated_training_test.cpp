@@ -26,6 +26,10 @@
 #include "zest/mesh/emulated_mesh.hpp"
 #include "zest/train/checkpoint.hpp"
 
+TEST_SUITE_BEGIN("train_emulated");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace emulated_training_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -195,3 +199,7 @@ TEST_CASE("emulated backend: a checkpoint saved on the emulated mesh loads on th
 }
 
 }  // namespace
+
+}  // namespace emulated_training_tests
+
+TEST_SUITE_END();

@@ -16,6 +16,10 @@
 #include "train/training_fixture.hpp"
 #include "zest/tensor/redistribute.hpp"
 
+TEST_SUITE_BEGIN("train_llama_forward");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace llama_forward_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -220,3 +224,7 @@ TEST_CASE("llama: options refused with a message naming them") {
 }
 
 }  // namespace
+
+}  // namespace llama_forward_tests
+
+TEST_SUITE_END();

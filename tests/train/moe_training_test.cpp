@@ -18,6 +18,10 @@
 #include "train/training_fixture.hpp"
 #include "zest/train/checkpoint.hpp"
 
+TEST_SUITE_BEGIN("train_moe");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace moe_training_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -165,3 +169,7 @@ TEST_CASE("dropless top-3 training balanced by the routing bias equals one rank 
     CHECK(std::get<2>(got).load_per_expert == ref_report.load_per_expert);
   }
 }
+
+}  // namespace moe_training_tests
+
+TEST_SUITE_END();

@@ -22,6 +22,10 @@
 #include "zest/autodiff/checkpoint.hpp"
 #include "zest/zero/planner.hpp"
 
+TEST_SUITE_BEGIN("train_recompute");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace recompute_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -359,3 +363,7 @@ TEST_CASE("recomputation with tensor parallelism (ZeRO-3 x TP): the same numbers
     check_tp_modes<layout<split<'b', "dp">, split<'t', "tp">>>(shape);
   }
 }
+
+}  // namespace recompute_tests
+
+TEST_SUITE_END();
