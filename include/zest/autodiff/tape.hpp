@@ -149,12 +149,17 @@ class tape {
           "zest autodiff: backward() inside a checkpointed function (autodiff::checkpoint); "
           "run backward after the function returns");
     }
-    for (std::size_t i = steps_.size(); i-- > 0;) {
-      const std::function<void()> step = std::move(steps_[i]);
-      steps_[i] = nullptr;
+    run_and_release(steps_);
+  }
+  // Runs `steps` last to first, each released once it has run, and empties the list: the
+  // tape's own steps, and a checkpointed region's in its recomputation.
+  static void run_and_release(std::vector<std::function<void()>>& steps) {
+    for (std::size_t i = steps.size(); i-- > 0;) {
+      const std::function<void()> step = std::move(steps[i]);
+      steps[i] = nullptr;
       step();
     }
-    steps_.clear();
+    steps.clear();
   }
   // Forgets the recorded steps (variables keep their values and gradients).
   void clear() { steps_.clear(); }
