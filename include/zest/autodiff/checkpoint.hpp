@@ -143,7 +143,7 @@ auto checkpoint(F fn, const variable<X>&... inputs) {
     }
     y2.node()->grad = std::move(yn->grad);
     yn->grad.reset();
-    for (std::size_t i = again.steps.size(); i-- > 0;) again.steps[i]();
+    tape::run_and_release(again.steps);
   });
   return y;
 }

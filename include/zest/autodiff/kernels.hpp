@@ -489,11 +489,19 @@ struct gelu_fn {
   template <class T>
   void host_backward(const T* x, const T*, const T* dz, T* dx, std::size_t n) const {
     constexpr T c = T(0.7978845608028654), a = T(0.044715);
-    const auto xs = host_loops::as_array(x, n);
-    auto t = host_loops::as_array(dx, n);
-    t = (c * (xs + a * xs.cube())).tanh();  // dx holds tanh(u) for the second pass
-    t = host_loops::as_array(dz, n) * (T(0.5) * (T(1) + t) + T(0.5) * c * xs * (T(1) - t.square()) *
-                                                                 (T(1) + T(3) * a * xs.square()));
+    // Two passes per block of 4 KiB, the second while the first's tanh(u) is still in L1:
+    // x, dz and dx cross the memory bus once each instead of twice. Blocks are whole numbers
+    // of SIMD packets, so each element is computed as by one pass over all n.
+    constexpr std::size_t block = 1024;
+    for (std::size_t i = 0; i < n; i += block) {
+      const std::size_t m = std::min(block, n - i);
+      const auto xs = host_loops::as_array(x + i, m);
+      auto t = host_loops::as_array(dx + i, m);
+      t = (c * (xs + a * xs.cube())).tanh();  // dx holds tanh(u) for the second pass
+      t = host_loops::as_array(dz + i, m) *
+          (T(0.5) * (T(1) + t) +
+           T(0.5) * c * xs * (T(1) - t.square()) * (T(1) + T(3) * a * xs.square()));
+    }
   }
 };
 

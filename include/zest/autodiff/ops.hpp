@@ -136,6 +136,12 @@ variable<X> broadcast_apply(const variable<X>& x, const variable<Y>& y) {
         (void)y_used;  // used in one branch of an if constexpr only
         if (!on->grad) return;
         const T* dz = std::as_const(*on->grad).local().data();
+        if (yn->requires_grad) {  // first: x's gradient may take dz over
+          y_grad_t dy(yn->value.mesh(), yn->value.extents(), y_grad_t::uninitialized);
+          const T* weight = Multiply ? std::as_const(xn->value).local().data() : nullptr;
+          run_broadcast_sum<B>(dz, weight, dy.local().data(), dy.local_count(), map);
+          yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(dy)));
+        }
         if (xn->requires_grad) {
           if constexpr (Multiply) {
             dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
@@ -150,14 +156,8 @@ variable<X> broadcast_apply(const variable<X>& x, const variable<Y>& y) {
                                kernels::broadcast_combine<T, true>{dz, py, dx.local().data(), map});
             xn->accumulate(std::move(dx));
           } else {
-            xn->accumulate(dual_tensor<X>(*on->grad));
+            pass_gradient(*xn, on, true);
           }
-        }
-        if (yn->requires_grad) {
-          y_grad_t dy(yn->value.mesh(), yn->value.extents(), y_grad_t::uninitialized);
-          const T* weight = Multiply ? std::as_const(xn->value).local().data() : nullptr;
-          run_broadcast_sum<B>(dz, weight, dy.local().data(), dy.local_count(), map);
-          yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(dy)));
         }
       });
   return out;

@@ -67,13 +67,52 @@ struct node {
       grad.emplace(std::move(g));
       return;
     }
+    add(g);
+  }
+  // The same from a gradient that stays with its owner: added in place, or copied when it is
+  // the first.
+  void accumulate(const dual_tensor<X>& g) {
+    if (!grad) {
+      grad.emplace(g);
+      return;
+    }
+    add(g);
+  }
+
+ private:
+  void add(const dual_tensor<X>& g) {
     auto out = grad->local();
-    const auto in = std::as_const(g).local();
+    const auto in = g.local();
     using T = typename X::value_type;
     for_each_kernel<typename X::backend_type>(out.size(),
                                               kernels::add_into<T>{out.data(), in.data()});
   }
 };
+
+// An output's gradient, handed on unchanged to an input of a linear operation (the input's
+// gradient is the output's, in the dual of the input's layout). When `last` (no other input
+// of the step reads it after this one) and the step holds the only reference to the output's
+// node (no variable names it any more: run_backward releases each step once it has run), the
+// gradient is moved out of the node; otherwise it is added into the input's gradient in place
+// or copied. Either way no pass over it is made that the sum does not need.
+template <sharded_tensor In, sharded_tensor Out>
+void pass_gradient(node<In>& to, const std::shared_ptr<node<Out>>& from, bool last) {
+  constexpr layout_value in_grad = dual(In::layout);
+  const bool take = last && from.use_count() == 1;
+  if constexpr (std::is_same_v<dual_tensor<In>, dual_tensor<Out>>) {
+    if (take && !to.grad) {
+      to.accumulate(std::move(*from->grad));
+      from->grad.reset();
+    } else {
+      to.accumulate(std::as_const(*from->grad));
+    }
+  } else if (take) {
+    to.accumulate(redistribute_to<in_grad>(std::move(*from->grad)));
+    from->grad.reset();
+  } else {
+    to.accumulate(redistribute_to<in_grad>(std::as_const(*from->grad)));
+  }
+}
 
 }  // namespace detail
 
@@ -99,14 +138,28 @@ class tape {
   }
   std::size_t size() const { return steps_.size(); }
 
-  // Runs the recorded steps in reverse; a seeded loss gradient must already be in place.
+  // Runs the recorded steps in reverse, and forgets them: a seeded loss gradient must already
+  // be in place. Each step is released as soon as it has run, and with it the operands it
+  // kept (activations are freed as backward passes them) and its references to the nodes of
+  // its inputs and output, so that an intermediate result's gradient, which no later step
+  // reads and no variable names, can be handed on instead of copied (pass_gradient).
   void run_backward() {
     if (!regions_.empty()) {
       throw std::logic_error(
           "zest autodiff: backward() inside a checkpointed function (autodiff::checkpoint); "
           "run backward after the function returns");
     }
-    for (std::size_t i = steps_.size(); i-- > 0;) steps_[i]();
+    run_and_release(steps_);
+  }
+  // Runs `steps` last to first, each released once it has run, and empties the list: the
+  // tape's own steps, and a checkpointed region's in its recomputation.
+  static void run_and_release(std::vector<std::function<void()>>& steps) {
+    for (std::size_t i = steps.size(); i-- > 0;) {
+      const std::function<void()> step = std::move(steps[i]);
+      steps[i] = nullptr;
+      step();
+    }
+    steps.clear();
   }
   // Forgets the recorded steps (variables keep their values and gradients).
   void clear() { steps_.clear(); }
@@ -401,7 +454,7 @@ auto redistribute(const variable<X>& x) {
       detail::make_result(x.owner(), zest::redistribute<Layout>(x.value()), x.requires_grad());
   if (out.requires_grad()) {
     x.owner().record([xn = x.node(), on = out.node()] {
-      if (on->grad) xn->accumulate(redistribute_to<dual(X::layout)>(*on->grad));
+      if (on->grad) detail::pass_gradient(*xn, on, true);
     });
   }
   return out;
@@ -424,10 +477,10 @@ auto add_signed(const variable<X>& x, const variable<Y>& y) {
     if (out.requires_grad()) {
       x.owner().record([xn = x.node(), yn = y.node(), on = out.node()] {
         if (!on->grad) return;
-        if (xn->requires_grad) xn->accumulate(redistribute_to<dual(X::layout)>(*on->grad));
+        if (xn->requires_grad) pass_gradient(*xn, on, !yn->requires_grad);
         if (yn->requires_grad) {
           if constexpr (Sign > 0) {
-            yn->accumulate(redistribute_to<dual(Y::layout)>(*on->grad));
+            pass_gradient(*yn, on, true);
           } else {
             auto negated = transform<dual_tensor<z_t>>(*on->grad, kernels::negate<T>{});
             yn->accumulate(redistribute_to<dual(Y::layout)>(std::move(negated)));

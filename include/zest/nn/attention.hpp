@@ -1,9 +1,15 @@
 // zest/nn/attention.hpp — multi-head causal self-attention.
 //
-//   q, k, v = x W_q + b_q, ...          "btm,mnd->bntd"   (n heads of d dims)
-//   scores  = q k^T / sqrt(d)           "bntd,bnsd->bnts" (keys relabelled t -> s)
+//   q, k, v = x W_q + b_q, ...          "btm,mnd->btnd"   (n heads of d dims)
+//   scores  = q k^T / sqrt(d)           "btnd,bsnd->bnts" (keys relabelled t -> s)
 //   p       = causal softmax over s     (s > t masked)
-//   out     = p v, then W_o + b_o       "bnts,bnsd->bntd", "bntd,ndm->btm"
+//   out     = p v, then W_o + b_o       "bnts,bsnd->btnd", "btnd,ndm->btm"
+//
+// q, k, v and the context keep the projections' order "btnd" (heads inside tokens): every
+// projection, forward and backward, is then one plain GEMM over all tokens, and the per-head
+// products of the core read and write their heads in place (a leading dimension of n d),
+// where "bntd" made each projection permute its output, its input gradient and its weight
+// gradient's operand.
 //
 // With activations split over the batch and weights used replicated (ZeRO), every einsum is
 // local; the layout rules would insert the collectives of any other placement. On a mesh with
@@ -47,14 +53,14 @@ class causal_self_attention {
     // Ulysses (a mesh with "sp"): from the sequence split to a heads split, and back.
     auto q = autodiff::scale(across_sp<'t', 'n'>(q_(whole)),
                              static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
-    auto k = relabel<"bnsd">(across_sp<'t', 'n'>(k_(whole)));
-    auto v = relabel<"bnsd">(across_sp<'t', 'n'>(v_(whole)));
+    auto k = relabel<"bsnd">(across_sp<'t', 'n'>(k_(whole)));
+    auto v = relabel<"bsnd">(across_sp<'t', 'n'>(v_(whole)));
     // The core, recomputed in backward under recomputation::selective (its b n t s tensors
     // are the largest activations and the cheapest to rebuild).
     auto core = [](const auto& q, const auto& k, const auto& v) {
-      auto scores = autodiff::einsum<"bntd,bnsd->bnts">(q, k);
+      auto scores = autodiff::einsum<"btnd,bsnd->bnts">(q, k);
       auto p = autodiff::causal_softmax<'t', 's'>(scores);
-      return autodiff::einsum<"bnts,bnsd->bntd">(p, v);
+      return autodiff::einsum<"bnts,bsnd->btnd">(p, v);
     };
     auto ctx = across_sp<'n', 't'>(
         autodiff::checkpoint_if(engine_->recompute() == recomputation::selective, core, q, k, v));
@@ -75,8 +81,8 @@ class causal_self_attention {
   const zero_engine<P>* engine_;
   std::size_t heads_, head_dim_;
   using heads_split = split_over_tp<typename P::mesh_type, 'n'>;
-  linear<P, "btm,mnd->bntd", "mnd", "nd", heads_split, heads_split> q_, k_, v_;
-  linear<P, "bntd,ndm->btm", "ndm", "m", heads_split> o_;
+  linear<P, "btm,mnd->btnd", "mnd", "nd", heads_split, heads_split> q_, k_, v_;
+  linear<P, "btnd,ndm->btm", "ndm", "m", heads_split> o_;
 };
 
 }  // namespace zest

@@ -162,7 +162,7 @@ auto whole_on_tp(const autodiff::variable<X>& x) {
 // Ulysses' all-to-all: x's split over "sp" moved from dim From (the sequence) to dim To (the
 // heads), or back; x itself where "sp" does not split From (or the mesh has no "sp").
 //
-//   q "bntd" split(t:sp)  -> across_sp<'t', 'n'>(q) -> split(n:sp): every query of its heads
+//   q "btnd" split(t:sp)  -> across_sp<'t', 'n'>(q) -> split(n:sp): every query of its heads
 template <char From, char To, sharded_tensor X>
 auto across_sp(const autodiff::variable<X>& x) {
   return in_layout<
