@@ -168,39 +168,41 @@ typename B::template buffer<T> rows_buffer(std::size_t n) {
   return typename B::template buffer<T>((n + grain - 1) / grain * grain);
 }
 
-// Rows of `width` between the tokens' side (send order) and the experts' (expert-major), one
-// all-to-all per local expert, from `from` straight into `to`: the same E_l calls on every
-// rank, only the counts differ. They are started together and then waited for, so that they
-// meet the other ranks once rather than E_l times one after the other.
+// Starts the exchange of rows of `width` between the tokens' side (send order) and the
+// experts' (expert-major): one all-to-all per local expert, from `from` straight into `to`,
+// all started at once so that they meet the other ranks together (the caller waits for them,
+// with work in between where it has some). Every rank starts the same E_l calls; only the
+// counts differ.
 template <class T, class B, class Comm>
-void exchange_rows(Comm& comm, const dropless_state<T, B>& s, const T* from, T* to,
-                   std::size_t width, bool to_experts) {
-  const std::size_t n = s.ranks, El = s.local_experts;
-  std::vector<std::size_t> sent(El * n), got(El * n);  // elements, alive until the waits
-  std::vector<request> pending;
-  pending.reserve(El);
-  for (std::size_t l = 0; l < El; ++l) {
+std::vector<request> exchange_rows(Comm& comm, const dropless_state<T, B>& s, const T* from, T* to,
+                                   std::size_t width, bool to_experts) {
+  const std::size_t n = s.ranks;
+  std::vector<request> started;
+  started.reserve(s.local_experts);
+  std::vector<std::size_t> sent(n), got(n);  // elements (the call keeps a copy)
+  for (std::size_t l = 0; l < s.local_experts; ++l) {
     std::size_t total = 0;
     for (std::size_t p = 0; p < n; ++p) {
-      sent[l * n + p] = s.send_counts[l * n + p] * width;
-      got[l * n + p] = s.recv_counts[l * n + p] * width;
-      total += sent[l * n + p];
+      sent[p] = s.send_counts[l * n + p] * width;
+      got[p] = s.recv_counts[l * n + p] * width;
+      total += sent[p];
     }
-    const std::span<const std::size_t> tokens_counts(sent.data() + l * n, n),
-        experts_counts(got.data() + l * n, n);
     const std::size_t tokens_at = s.send_offsets[l] * width, experts_at = s.offsets[l] * width;
     const std::size_t experts_total = s.rows[l] * width;
     if (to_experts) {
-      pending.push_back(comm.template iall_to_all<T>(
-          std::span<const T>(from + tokens_at, total), tokens_counts,
-          std::span<T>(to + experts_at, experts_total), experts_counts));
+      started.push_back(
+          comm.template iall_to_all<T>(std::span<const T>(from + tokens_at, total), sent,
+                                       std::span<T>(to + experts_at, experts_total), got));
     } else {
-      pending.push_back(comm.template iall_to_all<T>(
-          std::span<const T>(from + experts_at, experts_total), experts_counts,
-          std::span<T>(to + tokens_at, total), tokens_counts));
+      started.push_back(
+          comm.template iall_to_all<T>(std::span<const T>(from + experts_at, experts_total), got,
+                                       std::span<T>(to + tokens_at, total), sent));
     }
   }
-  for (auto& r : pending) r.wait();
+  return started;
+}
+inline void wait_all(std::vector<request>& started) {
+  for (auto& r : started) r.wait();
 }
 
 // out (rows x cols) = lhs (rows x inner, labels l) . rhs, one GEMM on the backend.
@@ -330,14 +332,20 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   }
   s.base = B::template from_host<std::int64_t>(std::span<const std::int64_t>(base));
 
-  // 2. The counts: E_l to each rank of the expert axis (rank p's for my expert l at p E_l + l).
+  // 2. The counts: E_l to each rank of the expert axis (rank p's for my expert l at p E_l + l),
+  // while the rows to send are gathered.
   auto& comm = mesh.axis(axis);
+  auto send = rows_buffer<B, T>(s.send_rows * M);
   std::vector<std::int64_t> received(n * El);
   {
     auto cs = B::template from_host<std::int64_t>(std::span<const std::int64_t>(per_expert));
     typename B::template buffer<std::int64_t> cr(n * El);
-    comm.template all_to_all<std::int64_t>(std::span<const std::int64_t>(cs.data(), n * El), {},
-                                           std::span<std::int64_t>(cr.data(), n * El), {});
+    request counts =
+        comm.template iall_to_all<std::int64_t>(std::span<const std::int64_t>(cs.data(), n * El),
+                                                {}, std::span<std::int64_t>(cr.data(), n * El), {});
+    for_each_kernel<B>(assignments * M,
+                       scatter_choices<T>{xv.local().data(), nullptr, s.at(), send.data(), M});
+    counts.wait();
     B::to_host(std::span<const std::int64_t>(cr.data(), n * El), received.data());
   }
   s.recv_counts.assign(El * n, 0);
@@ -353,13 +361,12 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   }
 
   // 3. The rows, straight from the tokens into my experts' inputs (expert-major).
+  s.x = rows_buffer<B, T>(s.recv_rows * M);
   {
-    auto send = rows_buffer<B, T>(s.send_rows * M);
-    for_each_kernel<B>(assignments * M,
-                       scatter_choices<T>{xv.local().data(), nullptr, s.at(), send.data(), M});
-    s.x = rows_buffer<B, T>(s.recv_rows * M);
-    exchange_rows(comm, s, send.data(), s.x.data(), M, true);
+    auto incoming = exchange_rows(comm, s, send.data(), s.x.data(), M, true);
+    wait_all(incoming);
   }
+  send = {};
 
   // 4. Per expert: the GEMMs n_e x M x H and n_e x H x M (none where n_e = 0), bias and GELU
   // between them on the rows just computed.
@@ -387,7 +394,10 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
 
   // 5. Back to the tokens' ranks, and the weighted sum.
   s.y_back = rows_buffer<B, T>(s.send_rows * M);
-  exchange_rows(comm, s, y.data(), s.y_back.data(), M, false);
+  {
+    auto outgoing = exchange_rows(comm, s, y.data(), s.y_back.data(), M, false);
+    wait_all(outgoing);
+  }
   out_t z(mesh, xe, out_t::uninitialized);
   for_each_kernel<B>(z.local_count(), gather_choices<T>{s.y_back.data(), wu.local().data(), s.at(),
                                                         z.local().data(), M});
@@ -428,54 +438,65 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     }();
     const Mesh& mesh = on->value.mesh();
     auto& comm = mesh.axis(axis);
+    // d y, sent to the experts' ranks straight into the experts' order; the weights' gradient
+    // while it travels.
+    auto sent = rows_buffer<B, T>(s.send_rows * M), dy = rows_buffer<B, T>(n_rows * M);
+    for_each_kernel<B>(s.routes->groups * s.tokens * s.k * M,
+                       scatter_choices<T>{dz, pw, s.at(), sent.data(), M});
+    auto incoming = exchange_rows(comm, s, sent.data(), dy.data(), M, true);
     if (wn->requires_grad) {
       w_grad_t dw(wn->value.mesh(), wn->value.extents(), w_grad_t::uninitialized);
       for_each_kernel<B>(dw.local_count(),
                          choice_dot<T>{dz, s.y_back.data(), s.at(), dw.local().data(), M});
+      wait_all(incoming);
       wn->accumulate(zest::redistribute_to<autodiff::dual(Wt::layout)>(std::move(dw)));
     }
-    // d y, sent to the experts' ranks straight into the experts' order.
-    auto dy = rows_buffer<B, T>(n_rows * M);
-    {
-      auto sent = rows_buffer<B, T>(s.send_rows * M);
-      for_each_kernel<B>(s.routes->groups * s.tokens * s.k * M,
-                         scatter_choices<T>{dz, pw, s.at(), sent.data(), M});
-      exchange_rows(comm, s, sent.data(), dy.data(), M, true);
-    }
+    wait_all(incoming);
+    sent = {};
+
+    // Per expert: d x's rows first, which start back at once; the experts' weight gradients
+    // while they travel. An idle expert's stay 0.
     const T* pw1 = std::as_const(w1n->value).local().data();
     const T* pw2 = std::as_const(w2n->value).local().data();
-    g1_t dw1(w1n->value.mesh(), w1n->value.extents());
-    g2_t dw2(w2n->value.mesh(), w2n->value.extents());
-    std::optional<gb1_t> db1;
-    std::optional<gb2_t> db2;
-    if (b1n) db1.emplace(b1n->value.mesh(), b1n->value.extents());
-    if (b2n) db2.emplace(b2n->value.mesh(), b2n->value.extents());
-    // d x's rows overwrite expert l's rows of d y once its last GEMM has read them.
     auto da = rows_buffer<B, T>(n_rows * H), dh = rows_buffer<B, T>(n_rows * H);
+    auto dx_rows = rows_buffer<B, T>(n_rows * M);
     for (std::size_t l = 0; l < s.local_experts; ++l) {
       const std::size_t o = s.offsets[l], rows = s.rows[l];
-      if (rows == 0) continue;  // an idle expert: its gradients stay 0
-      gemm<B>(s.a.data() + o * H, "th", rows, H, dy.data() + o * M, "tm", rows, M,
-              dw2.local().data() + l * H * M, "hm", H, M);
-      if (db2) {
-        for_each_kernel<B>(M,
-                           column_sums<T>{dy.data() + o * M, db2->local().data() + l * M, rows, M});
-      }
+      if (rows == 0) continue;
       gemm<B>(dy.data() + o * M, "tm", rows, M, pw2 + l * H * M, "hm", H, M, da.data() + o * H,
               "th", rows, H);
       for_each_kernel<B>(
           rows * H,
           autodiff::kernels::unary_backward<T, autodiff::kernels::gelu_fn>{
               s.h.data() + o * H, s.a.data() + o * H, da.data() + o * H, dh.data() + o * H, {}});
+      gemm<B>(dh.data() + o * H, "th", rows, H, pw1 + l * M * H, "mh", M, H, dx_rows.data() + o * M,
+              "tm", rows, M);
+    }
+    auto back = rows_buffer<B, T>(s.send_rows * M);
+    auto outgoing = exchange_rows(comm, s, dx_rows.data(), back.data(), M, false);
+    g1_t dw1(w1n->value.mesh(), w1n->value.extents());
+    g2_t dw2(w2n->value.mesh(), w2n->value.extents());
+    std::optional<gb1_t> db1;
+    std::optional<gb2_t> db2;
+    if (b1n) db1.emplace(b1n->value.mesh(), b1n->value.extents());
+    if (b2n) db2.emplace(b2n->value.mesh(), b2n->value.extents());
+    for (std::size_t l = 0; l < s.local_experts; ++l) {
+      const std::size_t o = s.offsets[l], rows = s.rows[l];
+      if (rows == 0) continue;
+      gemm<B>(s.a.data() + o * H, "th", rows, H, dy.data() + o * M, "tm", rows, M,
+              dw2.local().data() + l * H * M, "hm", H, M);
+      if (db2) {
+        for_each_kernel<B>(M,
+                           column_sums<T>{dy.data() + o * M, db2->local().data() + l * M, rows, M});
+      }
       gemm<B>(s.x.data() + o * M, "tm", rows, M, dh.data() + o * H, "th", rows, H,
               dw1.local().data() + l * M * H, "mh", M, H);
       if (db1) {
         for_each_kernel<B>(H,
                            column_sums<T>{dh.data() + o * H, db1->local().data() + l * H, rows, H});
       }
-      gemm<B>(dh.data() + o * H, "th", rows, H, pw1 + l * M * H, "mh", M, H, dy.data() + o * M,
-              "tm", rows, M);
     }
+    wait_all(outgoing);
     if (w1n->requires_grad) {
       w1n->accumulate(zest::redistribute_to<autodiff::dual(W1::layout)>(std::move(dw1)));
     }
@@ -488,9 +509,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     if (b2n && b2n->requires_grad) {
       b2n->accumulate(zest::redistribute_to<autodiff::dual(B2::layout)>(std::move(*db2)));
     }
-    // d x: the rows back to the tokens' ranks, summed per token.
-    auto back = rows_buffer<B, T>(s.send_rows * M);
-    exchange_rows(comm, s, dy.data(), back.data(), M, false);
+    // d x: summed per token.
     if (xn->requires_grad) {
       autodiff::dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(),
                                   autodiff::dual_tensor<X>::uninitialized);
