@@ -14,20 +14,27 @@
 //
 // On each rank, with n ranks on the expert axis, E_l = E / n experts per rank:
 //
-//   1. the kept choices of the local tokens, ordered by expert (so by the expert's rank),
-//      then group, then slot: a row each, R_send rows of width M (a copy of x's rows)
-//   2. all-to-all of the counts: E_l numbers to each rank of the expert axis (fixed size)
-//   3. all-to-all of the rows, counts from step 2: rank p's rows for my experts
-//   4. my rows by expert (a permutation): expert e's n_e rows contiguous; per expert the
-//      GEMMs n_e x M x H and n_e x H x M (none where n_e = 0), GELU over all rows
-//   5. the inverse permutation, the inverse all-to-all, and the weighted sum per token
+//   1. the kept choices of the local tokens in send order: by local expert l, then by the
+//      rank p that holds expert p E_l + l, then group, then slot; a row each, R_send rows of
+//      width M (a copy of x's rows)
+//   2. all-to-all of the counts: E_l numbers to each rank of the expert axis (fixed size),
+//      while step 1 copies the rows
+//   3. one all-to-all of rows per local expert l (E_l calls, started together): rank p's rows
+//      for my expert l land straight in expert l's block of the experts' input, so the
+//      experts' rows are expert-major (expert l's n_l rows contiguous) with no permutation
+//   4. per expert the GEMMs n_l x M x H and n_l x H x M (none where n_l = 0), its bias and
+//      GELU in one pass between them
+//   5. the same E_l all-to-alls back, and the weighted sum per token
 //
-// Backward runs 5 to 3 backwards: two more all-to-alls of rows, per-expert GEMMs for the
-// inputs' and weights' gradients, column sums for the biases'. Every rank calls the same
-// collectives in the same order whatever the routing (three in forward, two in backward);
-// only the counts differ, so a rank whose experts receive no token, or that holds no token,
-// takes part like any other. ZeRO gathers the expert weights before the forward and backward
-// of their group as for any parameter.
+// Backward runs 5 to 3 backwards: E_l all-to-alls of d y's rows (the gates' gradient computed
+// while they travel), per expert the GEMMs for d x's rows, which start back at once, then the
+// weights' gradients (GEMMs over the rows, column sums for the biases) while they travel.
+// Every rank starts the same collectives in the same order whatever the routing (1 + 2 E_l
+// in forward, 2 E_l in backward); only the counts differ, so a rank whose experts receive no
+// token, or that holds no token, takes part like any other. ZeRO gathers the expert weights
+// before the forward and backward of their group as for any parameter. The row buffers'
+// sizes are rounded up to a few sizes per power of two, so that the allocator's cache of
+// freed blocks serves them again next step although the counts change.
 //
 // Bytes sent per rank (all_to_all_volume): counts (n - 1) · E_l · 8 in forward; to_experts =
 // my rows for other ranks' experts, to_tokens = the rows my experts computed for other ranks'
