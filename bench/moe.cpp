@@ -28,6 +28,12 @@
 //       two run back to back in pairs (order alternating); the metric is the median of the
 //       pairs' ratios (a pair sees one load), the ratio of medians is printed too.
 //                                                                            target <= 1.5
+//   moe_dropless_ratio_vs_dense_ffn  the same measurement with the layer's dropless path
+//       (gating_options::dropless: moe::dropless_experts, each expert computes exactly its
+//       routed choices, grouped GEMMs over the concatenated rows), a layer of its own
+//       against its own interleaved dense steps. Its experts compute the active FLOPs (less
+//       the second choices random routing leaves out), so the ratio's floor is near 1.
+//                                                                           target <= 1.15
 //   moe_alltoall_share  the fraction of a forward + backward of the MoE layer spent in its
 //       four all-to-alls (to the experts and back, forward and backward): the layer's
 //       forward rebuilt here from zest/moe/dispatch.hpp's pieces with the layer's own
@@ -350,6 +356,49 @@ step_sample timed_step(Engine& engine, std::size_t group, const x_btm& x0, const
   return {max_over_ranks(wall), mean_over_ranks(cpu), mean_over_ranks(faults)};
 }
 
+// `layer` (in the engine's group `group`) against the dense FFN's step: l_reps pairs back to
+// back, the order alternating, after l_warmup pairs; the routing of the last step.
+template <class Engine, class DenseStep>
+layer_figures layer_against_dense(Engine& engine, std::size_t group, const layer_t& layer,
+                                  const x_btm& x0, const r_btm& r0, const settings& s,
+                                  DenseStep&& dense_step) {
+  layer_figures lf;
+  std::uint64_t step = 0;
+  auto moe_step = [&] {
+    return timed_step(engine, group, x0, r0, [&](const auto& x, const auto& r) {
+      auto y = layer(x, step++);
+      return ad::sum(y * r) + ad::scale(layer.aux_loss(), 0.01F);
+    });
+  };
+  for (int i = 0; i < s.l_warmup; ++i) {
+    moe_step();
+    dense_step();
+  }
+  for (int i = 0; i < s.l_reps; ++i) {
+    step_sample a, b;
+    if (i % 2 == 0) {
+      a = moe_step();
+      b = dense_step();
+    } else {
+      b = dense_step();
+      a = moe_step();
+    }
+    lf.moe.push_back(a.seconds);
+    lf.dense.push_back(b.seconds);
+    lf.pair_ratio.push_back(a.seconds / b.seconds);
+    lf.moe_cpu.push_back(a.cpu);
+    lf.dense_cpu.push_back(b.cpu);
+    lf.moe_faults.push_back(a.faults);
+    lf.dense_faults.push_back(b.faults);
+  }
+  double kept = 0;
+  for (auto k : layer.stats().kept_per_expert) kept += static_cast<double>(k);
+  lf.kept_fraction = mean_over_ranks(kept / static_cast<double>(layer.stats().assignments));
+  lf.capacity = layer.capacity();
+  lf.all_to_all_bytes = layer.last_all_to_all().step();
+  return lf;
+}
+
 // ---------------------------------------------------------------------------------------
 // The layer's forward rebuilt from dispatch.hpp's pieces, each timed.
 
@@ -639,52 +688,24 @@ int main(int argc, char** argv) {
     const std::size_t moe_group = engine.begin_group("moe");
     const layer_t layer(engine, "moe", M, H, E, gating, /*index_path=*/true);
     engine.end_group();
+    const std::size_t dropless_group = engine.begin_group("dropless");
+    moe::gating_options dropless_gating = gating;
+    dropless_gating.dropless = true;
+    const layer_t dropless(engine, "dropless", M, H, E, dropless_gating, /*index_path=*/true);
+    engine.end_group();
     const std::size_t dense_group = engine.begin_group("dense");
     const zest::mlp<policy> dense(engine, "dense", M, gating.top_k * H);
     engine.end_group();
     const x_btm x0 = random_tensor<x_btm>(m, {B, T, M}, 11);
     const r_btm r0 = random_tensor<r_btm>(m, {B, T, M}, 12, 1e-2);
 
-    layer_figures lf;
-    auto moe_step = [&](std::uint64_t step) {
-      return timed_step(engine, moe_group, x0, r0, [&](const auto& x, const auto& r) {
-        auto y = layer(x, step);
-        return ad::sum(y * r) + ad::scale(layer.aux_loss(), 0.01F);
-      });
-    };
     auto dense_step = [&] {
       return timed_step(engine, dense_group, x0, r0,
                         [&](const auto& x, const auto& r) { return ad::sum(dense(x) * r); });
     };
-    std::uint64_t step = 0;
-    for (int i = 0; i < s.l_warmup; ++i) {
-      moe_step(step++);
-      dense_step();
-    }
-    for (int i = 0; i < s.l_reps; ++i) {
-      step_sample a, b;
-      if (i % 2 == 0) {
-        a = moe_step(step++);
-        b = dense_step();
-      } else {
-        b = dense_step();
-        a = moe_step(step++);
-      }
-      lf.moe.push_back(a.seconds);
-      lf.dense.push_back(b.seconds);
-      lf.pair_ratio.push_back(a.seconds / b.seconds);
-      lf.moe_cpu.push_back(a.cpu);
-      lf.dense_cpu.push_back(b.cpu);
-      lf.moe_faults.push_back(a.faults);
-      lf.dense_faults.push_back(b.faults);
-    }
-    {
-      double kept = 0;
-      for (auto k : layer.stats().kept_per_expert) kept += static_cast<double>(k);
-      lf.kept_fraction = mean_over_ranks(kept / static_cast<double>(layer.stats().assignments));
-      lf.capacity = layer.capacity();
-      lf.all_to_all_bytes = layer.last_all_to_all().step();
-    }
+    const layer_figures lf = layer_against_dense(engine, moe_group, layer, x0, r0, s, dense_step);
+    const layer_figures dl =
+        layer_against_dense(engine, dropless_group, dropless, x0, r0, s, dense_step);
 
     // ---- where the layer's time goes -------------------------------------------------------
     const pipeline_figures pf = bench_pipeline(engine, moe_group, layer, x0, r0, s, 1);
@@ -733,35 +754,40 @@ int main(int argc, char** argv) {
 
       const double tokens = static_cast<double>(B * T) / world;  // per rank
       const double dense_flops = 3 * 2 * tokens * 2 * double(M) * double(2 * H);
-      const double slots = static_cast<double>(E * (B / ranks) * lf.capacity);  // per rank
-      const double expert_flops = 3 * 2 * slots * 2 * double(M) * double(H);
       const double gate_flops = 3 * 2 * tokens * double(M) * double(E);
-      const double moe_t = median(lf.moe), dense_t = median(lf.dense);
       std::printf(
           "\nlayer forward + backward: %zu tokens per rank (%zu sequences of %zu), "
-          "M = %zu; slowest rank, median of %d pairs after %d warmup\n",
+          "M = %zu; slowest rank, median of %d pairs after %d warmup, each path against "
+          "its own dense steps\n",
           static_cast<std::size_t>(tokens), B / ranks, T, M, s.l_reps, s.l_warmup);
       std::printf("  %-44s %9s %12s %9s\n", "layer", "ms", "GFLOP/rank", "GFLOP/s");
-      std::printf("  %-44s %9.2f %12.3f %9.2f\n", "moe_layer top-2, E = 8, expert hidden 512",
-                  1e3 * moe_t, 1e-9 * (expert_flops + gate_flops),
-                  1e-9 * (expert_flops + gate_flops) / moe_t);
-      std::printf(
-          "    (C = %zu, %.1f%% of choices kept; all-to-all %.2f MB sent per rank and "
-          "step)\n",
-          lf.capacity, 100 * lf.kept_fraction, 1e-6 * double(lf.all_to_all_bytes));
-      std::printf("  %-44s %9.2f %12.3f %9.2f\n", "zest::mlp hidden 1024 (same active FLOPs)",
-                  1e3 * dense_t, 1e-9 * dense_flops, 1e-9 * dense_flops / dense_t);
-      std::printf(
-          "  MoE / dense: %.3f (median of the pairs' ratios; ratio of medians %.3f; "
-          "per pair:",
-          median(lf.pair_ratio), moe_t / dense_t);
-      for (double r : lf.pair_ratio) std::printf(" %.2f", r);
-      std::printf("); the FLOPs alone: %.3f\n", (expert_flops + gate_flops) / dense_flops);
-      std::printf("  in CPU time (rank mean, medians): MoE %.2f ms, dense %.2f ms: %.3f\n",
-                  1e3 * median(lf.moe_cpu), 1e3 * median(lf.dense_cpu),
-                  median(lf.moe_cpu) / median(lf.dense_cpu));
-      std::printf("  minor page faults per step (rank mean, medians): MoE %.0f, dense %.0f\n",
-                  median(lf.moe_faults), median(lf.dense_faults));
+      // rows: the expert rows computed per rank (E C slots, or the kept choices)
+      auto report = [&](const char* name, const layer_figures& f, double rows) {
+        const double expert_flops = 3 * 2 * rows * 2 * double(M) * double(H);
+        const double moe_t = median(f.moe), dense_t = median(f.dense);
+        std::printf("  %-44s %9.2f %12.3f %9.2f\n", name, 1e3 * moe_t,
+                    1e-9 * (expert_flops + gate_flops), 1e-9 * (expert_flops + gate_flops) / moe_t);
+        std::printf(
+            "    (C = %zu, %.1f%% of choices kept; all-to-all %.2f MB sent per rank and "
+            "step)\n",
+            f.capacity, 100 * f.kept_fraction, 1e-6 * double(f.all_to_all_bytes));
+        std::printf("  %-44s %9.2f %12.3f %9.2f\n", "zest::mlp hidden 1024 (same active FLOPs)",
+                    1e3 * dense_t, 1e-9 * dense_flops, 1e-9 * dense_flops / dense_t);
+        std::printf(
+            "  MoE / dense: %.3f (median of the pairs' ratios; ratio of medians %.3f; "
+            "per pair:",
+            median(f.pair_ratio), moe_t / dense_t);
+        for (double r : f.pair_ratio) std::printf(" %.2f", r);
+        std::printf("); the FLOPs alone: %.3f\n", (expert_flops + gate_flops) / dense_flops);
+        std::printf("  in CPU time (rank mean, medians): MoE %.2f ms, dense %.2f ms: %.3f\n",
+                    1e3 * median(f.moe_cpu), 1e3 * median(f.dense_cpu),
+                    median(f.moe_cpu) / median(f.dense_cpu));
+        std::printf("  minor page faults per step (rank mean, medians): MoE %.0f, dense %.0f\n",
+                    median(f.moe_faults), median(f.dense_faults));
+      };
+      report("moe_layer top-2, E = 8, expert hidden 512", lf,
+             static_cast<double>(E * (B / ranks) * lf.capacity));
+      report("the same, dropless", dl, tokens * 2 * dl.kept_fraction);
 
       std::printf(
           "\nwhere the MoE layer's time goes (its forward rebuilt from dispatch.hpp's "
@@ -815,6 +841,7 @@ int main(int argc, char** argv) {
 
       std::printf("\nMETRIC moe_index_dispatch_speedup_vs_einsum %.2f\n", ei_t / ix_t);
       std::printf("METRIC moe_layer_ratio_vs_dense_ffn %.4f\n", median(lf.pair_ratio));
+      std::printf("METRIC moe_dropless_ratio_vs_dense_ffn %.4f\n", median(dl.pair_ratio));
       std::printf("METRIC moe_alltoall_share %.4f\n", median(pf.share));
       std::printf("METRIC moe_expert_bytes_per_rank_ratio %.6f\n", bytes_2 / bytes_4);
     }

@@ -14,20 +14,27 @@
 //
 // On each rank, with n ranks on the expert axis, E_l = E / n experts per rank:
 //
-//   1. the kept choices of the local tokens, ordered by expert (so by the expert's rank),
-//      then group, then slot: a row each, R_send rows of width M (a copy of x's rows)
-//   2. all-to-all of the counts: E_l numbers to each rank of the expert axis (fixed size)
-//   3. all-to-all of the rows, counts from step 2: rank p's rows for my experts
-//   4. my rows by expert (a permutation): expert e's n_e rows contiguous; per expert the
-//      GEMMs n_e x M x H and n_e x H x M (none where n_e = 0), GELU over all rows
-//   5. the inverse permutation, the inverse all-to-all, and the weighted sum per token
+//   1. the kept choices of the local tokens in send order: by local expert l, then by the
+//      rank p that holds expert p E_l + l, then group, then slot; a row each, R_send rows of
+//      width M (a copy of x's rows)
+//   2. all-to-all of the counts: E_l numbers to each rank of the expert axis (fixed size),
+//      while step 1 copies the rows
+//   3. one all-to-all of rows per local expert l (E_l calls, started together): rank p's rows
+//      for my expert l land straight in expert l's block of the experts' input, so the
+//      experts' rows are expert-major (expert l's n_l rows contiguous) with no permutation
+//   4. per expert the GEMMs n_l x M x H and n_l x H x M (none where n_l = 0), its bias and
+//      GELU in one pass between them
+//   5. the same E_l all-to-alls back, and the weighted sum per token
 //
-// Backward runs 5 to 3 backwards: two more all-to-alls of rows, per-expert GEMMs for the
-// inputs' and weights' gradients, column sums for the biases'. Every rank calls the same
-// collectives in the same order whatever the routing (three in forward, two in backward);
-// only the counts differ, so a rank whose experts receive no token, or that holds no token,
-// takes part like any other. ZeRO gathers the expert weights before the forward and backward
-// of their group as for any parameter.
+// Backward runs 5 to 3 backwards: E_l all-to-alls of d y's rows (the gates' gradient computed
+// while they travel), per expert the GEMMs for d x's rows, which start back at once, then the
+// weights' gradients (GEMMs over the rows, column sums for the biases) while they travel.
+// Every rank starts the same collectives in the same order whatever the routing (1 + 2 E_l
+// in forward, 2 E_l in backward); only the counts differ, so a rank whose experts receive no
+// token, or that holds no token, takes part like any other. ZeRO gathers the expert weights
+// before the forward and backward of their group as for any parameter. The row buffers'
+// sizes are rounded up to a few sizes per power of two, so that the allocator's cache of
+// freed blocks serves them again next step although the counts change.
 //
 // Bytes sent per rank (all_to_all_volume): counts (n - 1) · E_l · 8 in forward; to_experts =
 // my rows for other ranks' experts, to_tokens = the rows my experts computed for other ranks'
@@ -44,6 +51,7 @@
 // and the row offsets the only data on the host.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,6 +66,7 @@
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/backend/backend.hpp"
+#include "zest/comm/communicator.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
@@ -135,21 +144,73 @@ constexpr bool check_expert_weight() {
 }
 
 // What the backward steps keep of the forward, in the backend's memory, and the plan of rows.
+// The rows on the tokens' side are in send order: local expert l (of every rank of the expert
+// axis), then the rank p, then group and slot; on the experts' side expert-major: local expert
+// l, then the rank p the rows came from. Expert l's rows of every rank are contiguous on both
+// sides, so that one all-to-all per local expert moves them straight between the two.
 template <class T, class B>
 struct dropless_state {
-  std::size_t tokens = 0, k = 0, width = 0, hidden = 0, local_experts = 0;
+  std::size_t tokens = 0, k = 0, width = 0, hidden = 0, local_experts = 0, ranks = 0;
   std::size_t send_rows = 0, recv_rows = 0;
-  std::vector<std::size_t> send_counts, recv_counts;  // elements per rank of the expert axis
-  std::vector<std::size_t> rows, offsets;             // per local expert
-  std::shared_ptr<index_routes<B>> routes;            // the indices, copied
-  typename B::template buffer<std::int64_t> base;     // [G_l][E]
-  typename B::template buffer<std::int64_t> map;      // expert-major row -> received row
-  typename B::template buffer<T> x, h, a, y_back;     // x, h, a expert-major; y_back as sent
+  std::vector<std::size_t> send_counts, recv_counts;  // rows, [l][p]: to and from rank p
+  std::vector<std::size_t> send_offsets;           // per local expert: its first row in send order
+  std::vector<std::size_t> rows, offsets;          // per local expert: rows received, first row
+  std::shared_ptr<index_routes<B>> routes;         // the indices, copied
+  typename B::template buffer<std::int64_t> base;  // [G_l][E]
+  typename B::template buffer<T> x, h, a, y_back;  // x, h, a expert-major; y_back send order
   choice_rows at() const {
     return {routes->expert.data(), routes->slot.data(), base.data(),
             routes->experts,       tokens * k,          k};
   }
 };
+
+// A buffer of at least n elements, its size rounded up to one of 16 to 32 sizes per power of
+// two. The row counts change from step to step, and zest's cache of freed blocks
+// (zest/core/memory.hpp) hands a block back for the same size only: with exact sizes every
+// step would take fresh pages, a page fault each (measured: a tenth of the layer's time).
+template <class B, class T>
+typename B::template buffer<T> rows_buffer(std::size_t n) {
+  const auto bits = static_cast<std::size_t>(std::bit_width(n));
+  const std::size_t grain = bits > 5 ? std::size_t{1} << (bits - 5) : 1;
+  return typename B::template buffer<T>((n + grain - 1) / grain * grain);
+}
+
+// Starts the exchange of rows of `width` between the tokens' side (send order) and the
+// experts' (expert-major): one all-to-all per local expert, from `from` straight into `to`,
+// all started at once so that they meet the other ranks together (the caller waits for them,
+// with work in between where it has some). Every rank starts the same E_l calls; only the
+// counts differ.
+template <class T, class B, class Comm>
+std::vector<request> exchange_rows(Comm& comm, const dropless_state<T, B>& s, const T* from, T* to,
+                                   std::size_t width, bool to_experts) {
+  const std::size_t n = s.ranks;
+  std::vector<request> started;
+  started.reserve(s.local_experts);
+  std::vector<std::size_t> sent(n), got(n);  // elements (the call keeps a copy)
+  for (std::size_t l = 0; l < s.local_experts; ++l) {
+    std::size_t total = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      sent[p] = s.send_counts[l * n + p] * width;
+      got[p] = s.recv_counts[l * n + p] * width;
+      total += sent[p];
+    }
+    const std::size_t tokens_at = s.send_offsets[l] * width, experts_at = s.offsets[l] * width;
+    const std::size_t experts_total = s.rows[l] * width;
+    if (to_experts) {
+      started.push_back(
+          comm.template iall_to_all<T>(std::span<const T>(from + tokens_at, total), sent,
+                                       std::span<T>(to + experts_at, experts_total), got));
+    } else {
+      started.push_back(
+          comm.template iall_to_all<T>(std::span<const T>(from + experts_at, experts_total), got,
+                                       std::span<T>(to + tokens_at, total), sent));
+    }
+  }
+  return started;
+}
+inline void wait_all(std::vector<request>& started) {
+  for (auto& r : started) r.wait();
+}
 
 // out (rows x cols) = lhs (rows x inner, labels l) . rhs, one GEMM on the backend.
 template <class B, class T>
@@ -237,7 +298,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   s.local_experts = El;
   const std::size_t cells = G * E, assignments = G * S * s.k;
 
-  // 1. The rows to send, ordered by expert, group, slot.
+  // 1. The rows to send, in send order.
   std::vector<std::int64_t> kept(cells), ends(cells);
   {
     typename B::template buffer<std::int64_t> kb(cells), sb(cells);
@@ -255,80 +316,70 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     }
     per_expert[i % E] += kept[i];
   }
+  s.ranks = n;
+  s.send_counts.assign(El * n, 0);
+  s.send_offsets.assign(El, 0);
   {
-    std::int64_t start = 0;
     std::vector<std::int64_t> next(E);
-    for (std::size_t e = 0; e < E; ++e) {
-      next[e] = start;
-      start += per_expert[e];
+    std::size_t start = 0;
+    for (std::size_t l = 0; l < El; ++l) {
+      s.send_offsets[l] = start;
+      for (std::size_t p = 0; p < n; ++p) {
+        const std::size_t e = p * El + l;
+        next[e] = static_cast<std::int64_t>(start);
+        s.send_counts[l * n + p] = static_cast<std::size_t>(per_expert[e]);
+        start += s.send_counts[l * n + p];
+      }
     }
-    s.send_rows = static_cast<std::size_t>(start);
+    s.send_rows = start;
     for (std::size_t i = 0; i < cells; ++i) {
       base[i] = next[i % E];
       next[i % E] += kept[i];
     }
   }
   s.base = B::template from_host<std::int64_t>(std::span<const std::int64_t>(base));
-  typename B::template buffer<T> send(s.send_rows * M);
-  for_each_kernel<B>(assignments * M,
-                     scatter_choices<T>{xv.local().data(), nullptr, s.at(), send.data(), M});
 
-  // 2. The counts: E_l to each rank of the expert axis.
+  // 2. The counts: E_l to each rank of the expert axis (rank p's for my expert l at p E_l + l),
+  // while the rows to send are gathered.
   auto& comm = mesh.axis(axis);
+  auto send = rows_buffer<B, T>(s.send_rows * M);
   std::vector<std::int64_t> received(n * El);
   {
     auto cs = B::template from_host<std::int64_t>(std::span<const std::int64_t>(per_expert));
     typename B::template buffer<std::int64_t> cr(n * El);
-    comm.template all_to_all<std::int64_t>(std::span<const std::int64_t>(cs.data(), n * El), {},
-                                           std::span<std::int64_t>(cr.data(), n * El), {});
+    request counts =
+        comm.template iall_to_all<std::int64_t>(std::span<const std::int64_t>(cs.data(), n * El),
+                                                {}, std::span<std::int64_t>(cr.data(), n * El), {});
+    for_each_kernel<B>(assignments * M,
+                       scatter_choices<T>{xv.local().data(), nullptr, s.at(), send.data(), M});
+    counts.wait();
     B::to_host(std::span<const std::int64_t>(cr.data(), n * El), received.data());
   }
-
-  // 3. The rows.
-  s.send_counts.assign(n, 0);
-  s.recv_counts.assign(n, 0);
+  s.recv_counts.assign(El * n, 0);
   s.rows.assign(El, 0);
   s.offsets.assign(El, 0);
-  for (std::size_t p = 0; p < n; ++p) {
-    for (std::size_t l = 0; l < El; ++l) {
-      s.send_counts[p] += static_cast<std::size_t>(per_expert[p * El + l]) * M;
-      s.recv_counts[p] += static_cast<std::size_t>(received[p * El + l]) * M;
-      s.rows[l] += static_cast<std::size_t>(received[p * El + l]);
-    }
-  }
   for (std::size_t l = 0; l < El; ++l) {
     s.offsets[l] = s.recv_rows;
+    for (std::size_t p = 0; p < n; ++p) {
+      s.recv_counts[l * n + p] = static_cast<std::size_t>(received[p * El + l]);
+      s.rows[l] += s.recv_counts[l * n + p];
+    }
     s.recv_rows += s.rows[l];
   }
-  typename B::template buffer<T> recv(s.recv_rows * M);
-  comm.template all_to_all<T>(std::span<const T>(send.data(), s.send_rows * M), s.send_counts,
-                              std::span<T>(recv.data(), s.recv_rows * M), s.recv_counts);
 
-  // 4. By expert: row r of expert l's block is received row map[r].
+  // 3. The rows, straight from the tokens into my experts' inputs (expert-major).
+  s.x = rows_buffer<B, T>(s.recv_rows * M);
   {
-    std::vector<std::int64_t> map(s.recv_rows);
-    std::vector<std::size_t> block(n * El);  // first received row of (p, l)
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < n * El; ++i) {
-      block[i] = at;
-      at += static_cast<std::size_t>(received[i]);
-    }
-    std::size_t r = 0;
-    for (std::size_t l = 0; l < El; ++l) {
-      for (std::size_t p = 0; p < n; ++p) {
-        for (std::int64_t j = 0; j < received[p * El + l]; ++j) {
-          map[r++] = static_cast<std::int64_t>(block[p * El + l]) + j;
-        }
-      }
-    }
-    s.map = B::template from_host<std::int64_t>(std::span<const std::int64_t>(map));
+    auto incoming = exchange_rows(comm, s, send.data(), s.x.data(), M, true);
+    wait_all(incoming);
   }
-  s.x = typename B::template buffer<T>(s.recv_rows * M);
-  for_each_kernel<B>(s.recv_rows * M,
-                     move_rows<T>{recv.data(), s.map.data(), s.x.data(), M, false});
-  s.h = typename B::template buffer<T>(s.recv_rows * H);
-  s.a = typename B::template buffer<T>(s.recv_rows * H);
-  typename B::template buffer<T> y(s.recv_rows * M);
+  send = {};
+
+  // 4. Per expert: the GEMMs n_e x M x H and n_e x H x M (none where n_e = 0), bias and GELU
+  // between them on the rows just computed.
+  s.h = rows_buffer<B, T>(s.recv_rows * H);
+  s.a = rows_buffer<B, T>(s.recv_rows * H);
+  auto y = rows_buffer<B, T>(s.recv_rows * M);
   const T* pw1 = w_in.value().local().data();
   const T* pw2 = w_out.value().local().data();
   for (std::size_t l = 0; l < El; ++l) {
@@ -336,17 +387,10 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     if (rows == 0) continue;
     gemm<B>(s.x.data() + o * M, "tm", rows, M, pw1 + l * M * H, "mh", M, H, s.h.data() + o * H,
             "th", rows, H);
-    if (b_in != nullptr) {
-      for_each_kernel<B>(rows * H,
-                         add_bias<T>{s.h.data() + o * H, b_in->value().local().data() + l * H, H});
-    }
-  }
-  for_each_kernel<B>(
-      s.recv_rows * H,
-      autodiff::kernels::unary_forward<T, autodiff::kernels::gelu_fn>{s.h.data(), s.a.data(), {}});
-  for (std::size_t l = 0; l < El; ++l) {
-    const std::size_t o = s.offsets[l], rows = s.rows[l];
-    if (rows == 0) continue;
+    for_each_kernel<B>(
+        rows * H, bias_gelu<T>{s.h.data() + o * H,
+                               b_in != nullptr ? b_in->value().local().data() + l * H : nullptr,
+                               s.a.data() + o * H, H});
     gemm<B>(s.a.data() + o * H, "th", rows, H, pw2 + l * H * M, "hm", H, M, y.data() + o * M, "tm",
             rows, M);
     if (b_out != nullptr) {
@@ -356,12 +400,10 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   }
 
   // 5. Back to the tokens' ranks, and the weighted sum.
+  s.y_back = rows_buffer<B, T>(s.send_rows * M);
   {
-    typename B::template buffer<T> back(s.recv_rows * M);
-    for_each_kernel<B>(s.recv_rows * M, move_rows<T>{y.data(), s.map.data(), back.data(), M, true});
-    s.y_back = typename B::template buffer<T>(s.send_rows * M);
-    comm.template all_to_all<T>(std::span<const T>(back.data(), s.recv_rows * M), s.recv_counts,
-                                std::span<T>(s.y_back.data(), s.send_rows * M), s.send_counts);
+    auto outgoing = exchange_rows(comm, s, y.data(), s.y_back.data(), M, false);
+    wait_all(outgoing);
   }
   out_t z(mesh, xe, out_t::uninitialized);
   for_each_kernel<B>(z.local_count(), gather_choices<T>{s.y_back.data(), wu.local().data(), s.at(),
@@ -371,8 +413,10 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     *volume = {};
     for (std::size_t p = 0; p < n; ++p) {
       if (p == q) continue;
-      volume->to_experts += s.send_counts[p] * sizeof(T);
-      volume->to_tokens += s.recv_counts[p] * sizeof(T);
+      for (std::size_t l = 0; l < El; ++l) {
+        volume->to_experts += s.send_counts[l * n + p] * M * sizeof(T);
+        volume->to_tokens += s.recv_counts[l * n + p] * M * sizeof(T);
+      }
       volume->counts += El * sizeof(std::int64_t);
     }
   }
@@ -401,57 +445,65 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     }();
     const Mesh& mesh = on->value.mesh();
     auto& comm = mesh.axis(axis);
+    // d y, sent to the experts' ranks straight into the experts' order; the weights' gradient
+    // while it travels.
+    auto sent = rows_buffer<B, T>(s.send_rows * M), dy = rows_buffer<B, T>(n_rows * M);
+    for_each_kernel<B>(s.routes->groups * s.tokens * s.k * M,
+                       scatter_choices<T>{dz, pw, s.at(), sent.data(), M});
+    auto incoming = exchange_rows(comm, s, sent.data(), dy.data(), M, true);
     if (wn->requires_grad) {
       w_grad_t dw(wn->value.mesh(), wn->value.extents(), w_grad_t::uninitialized);
       for_each_kernel<B>(dw.local_count(),
                          choice_dot<T>{dz, s.y_back.data(), s.at(), dw.local().data(), M});
+      wait_all(incoming);
       wn->accumulate(zest::redistribute_to<autodiff::dual(Wt::layout)>(std::move(dw)));
     }
-    // d y as sent back, then on the experts' ranks, by expert.
-    typename B::template buffer<T> dy(n_rows * M);
-    {
-      typename B::template buffer<T> sent(s.send_rows * M), got(n_rows * M);
-      for_each_kernel<B>(s.routes->groups * s.tokens * s.k * M,
-                         scatter_choices<T>{dz, pw, s.at(), sent.data(), M});
-      comm.template all_to_all<T>(std::span<const T>(sent.data(), s.send_rows * M), s.send_counts,
-                                  std::span<T>(got.data(), n_rows * M), s.recv_counts);
-      for_each_kernel<B>(n_rows * M, move_rows<T>{got.data(), s.map.data(), dy.data(), M, false});
-    }
+    wait_all(incoming);
+    sent = {};
+
+    // Per expert: d x's rows first, which start back at once; the experts' weight gradients
+    // while they travel. An idle expert's stay 0.
     const T* pw1 = std::as_const(w1n->value).local().data();
     const T* pw2 = std::as_const(w2n->value).local().data();
+    auto da = rows_buffer<B, T>(n_rows * H), dh = rows_buffer<B, T>(n_rows * H);
+    auto dx_rows = rows_buffer<B, T>(n_rows * M);
+    for (std::size_t l = 0; l < s.local_experts; ++l) {
+      const std::size_t o = s.offsets[l], rows = s.rows[l];
+      if (rows == 0) continue;
+      gemm<B>(dy.data() + o * M, "tm", rows, M, pw2 + l * H * M, "hm", H, M, da.data() + o * H,
+              "th", rows, H);
+      for_each_kernel<B>(
+          rows * H,
+          autodiff::kernels::unary_backward<T, autodiff::kernels::gelu_fn>{
+              s.h.data() + o * H, s.a.data() + o * H, da.data() + o * H, dh.data() + o * H, {}});
+      gemm<B>(dh.data() + o * H, "th", rows, H, pw1 + l * M * H, "mh", M, H, dx_rows.data() + o * M,
+              "tm", rows, M);
+    }
+    auto back = rows_buffer<B, T>(s.send_rows * M);
+    auto outgoing = exchange_rows(comm, s, dx_rows.data(), back.data(), M, false);
     g1_t dw1(w1n->value.mesh(), w1n->value.extents());
     g2_t dw2(w2n->value.mesh(), w2n->value.extents());
     std::optional<gb1_t> db1;
     std::optional<gb2_t> db2;
     if (b1n) db1.emplace(b1n->value.mesh(), b1n->value.extents());
     if (b2n) db2.emplace(b2n->value.mesh(), b2n->value.extents());
-    typename B::template buffer<T> da(n_rows * H), dh(n_rows * H), dx_rows(n_rows * M);
     for (std::size_t l = 0; l < s.local_experts; ++l) {
       const std::size_t o = s.offsets[l], rows = s.rows[l];
-      if (rows == 0) continue;  // an idle expert: its gradients stay 0
+      if (rows == 0) continue;
       gemm<B>(s.a.data() + o * H, "th", rows, H, dy.data() + o * M, "tm", rows, M,
               dw2.local().data() + l * H * M, "hm", H, M);
       if (db2) {
         for_each_kernel<B>(M,
                            column_sums<T>{dy.data() + o * M, db2->local().data() + l * M, rows, M});
       }
-      gemm<B>(dy.data() + o * M, "tm", rows, M, pw2 + l * H * M, "hm", H, M, da.data() + o * H,
-              "th", rows, H);
-    }
-    for_each_kernel<B>(n_rows * H, autodiff::kernels::unary_backward<T, autodiff::kernels::gelu_fn>{
-                                       s.h.data(), s.a.data(), da.data(), dh.data(), {}});
-    for (std::size_t l = 0; l < s.local_experts; ++l) {
-      const std::size_t o = s.offsets[l], rows = s.rows[l];
-      if (rows == 0) continue;
       gemm<B>(s.x.data() + o * M, "tm", rows, M, dh.data() + o * H, "th", rows, H,
               dw1.local().data() + l * M * H, "mh", M, H);
       if (db1) {
         for_each_kernel<B>(H,
                            column_sums<T>{dh.data() + o * H, db1->local().data() + l * H, rows, H});
       }
-      gemm<B>(dh.data() + o * H, "th", rows, H, pw1 + l * M * H, "mh", M, H, dx_rows.data() + o * M,
-              "tm", rows, M);
     }
+    wait_all(outgoing);
     if (w1n->requires_grad) {
       w1n->accumulate(zest::redistribute_to<autodiff::dual(W1::layout)>(std::move(dw1)));
     }
@@ -464,17 +516,12 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     if (b2n && b2n->requires_grad) {
       b2n->accumulate(zest::redistribute_to<autodiff::dual(B2::layout)>(std::move(*db2)));
     }
-    // d x: the rows back to the tokens' ranks, summed per token.
-    typename B::template buffer<T> back(n_rows * M), sent(s.send_rows * M);
-    for_each_kernel<B>(n_rows * M,
-                       move_rows<T>{dx_rows.data(), s.map.data(), back.data(), M, true});
-    comm.template all_to_all<T>(std::span<const T>(back.data(), n_rows * M), s.recv_counts,
-                                std::span<T>(sent.data(), s.send_rows * M), s.send_counts);
+    // d x: summed per token.
     if (xn->requires_grad) {
       autodiff::dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(),
                                   autodiff::dual_tensor<X>::uninitialized);
       for_each_kernel<B>(dx.local_count(),
-                         gather_choices<T>{sent.data(), nullptr, s.at(), dx.local().data(), M});
+                         gather_choices<T>{back.data(), nullptr, s.at(), dx.local().data(), M});
       xn->accumulate(std::move(dx));
     }
   });

@@ -186,6 +186,36 @@ struct add_bias {
   const T* bias;
   std::size_t width;
   ZEST_HOST_DEVICE void operator()(std::size_t i) const { rows[i] += bias[i % width]; }
+  void host(std::size_t n) const {
+    if (width == 0) return;
+    using autodiff::kernels::host_loops::as_array;
+    const auto b = as_array(bias, width);
+    for (std::size_t r = 0; r < n / width; ++r) as_array(rows + r * width, width) += b;
+  }
+};
+
+// The experts' first layer after its GEMM: h[i] += bias[i % width] (no bias: null), then
+// a[i] = GELU(h[i]); h is kept for the backward. The host runs it a row at a time, so that
+// the row is still in cache for the GELU.
+template <class T>
+struct bias_gelu {
+  T* h;
+  const T* bias;
+  T* a;
+  std::size_t width;
+  ZEST_HOST_DEVICE void operator()(std::size_t i) const {
+    if (bias != nullptr) h[i] += bias[i % width];
+    a[i] = autodiff::kernels::gelu_fn{}.value(h[i]);
+  }
+  void host(std::size_t n) const {
+    if (width == 0) return;
+    using autodiff::kernels::host_loops::as_array;
+    for (std::size_t r = 0; r < n / width; ++r) {
+      T* row = h + r * width;
+      if (bias != nullptr) as_array(row, width) += as_array(bias, width);
+      autodiff::kernels::gelu_fn{}.host_value(row, a + r * width, width);
+    }
+  }
 };
 
 // Column j: out[j] = the sum of rows[r, j] over r in order (a bias's gradient).
