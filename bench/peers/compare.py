@@ -57,6 +57,7 @@ def main():
     p.add_argument("--match-steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--nprocs", type=int, default=2)
+    p.add_argument("--sizes", default="small,large", help="which of small, large")
     a = p.parse_args()
     if a.steps <= a.skip or a.steps < a.match_steps:
         raise SystemExit("compare.py: --steps must exceed --skip and reach --match-steps")
@@ -66,11 +67,15 @@ def main():
     common = ["--steps", str(a.steps), "--batch", str(a.batch)]
     worst = 0.0
     metrics = []
+    print("load average %.2f %.2f %.2f at the start" % os.getloadavg(), flush=True)
     for size, flags in SIZES:
+        if size not in a.sizes.split(","):
+            continue
         init = os.path.join(a.work, f"init-{size}")
         run([a.train_gpt, "--steps", "0", "--save", init, "--sample", "0", "--quiet",
              "--batch", str(a.batch)] + flags, env)
         times = {side: [] for side in SIDES}
+        phases = {side: {"forward_s": [], "backward_s": [], "update_s": []} for side in SIDES[1::2]}
         for r in range(a.rounds):
             order = SIDES if r % 2 == 0 else SIDES[1::-1] + SIDES[3:1:-1]
             logs = {}
@@ -87,6 +92,8 @@ def main():
                 run(command, env)
                 logs[side] = steps_of(log)
                 times[side] += [s["seconds"] for s in logs[side][a.skip:]]
+                for phase, values in phases.get(side, {}).items():
+                    values += [s[phase] for s in logs[side][a.skip:]]
             reference = [s["loss"] for s in logs["zest0"][:a.match_steps]]
             line = []
             for side in ("ddp", "fsdp2"):
@@ -101,6 +108,11 @@ def main():
                   f"; ZeRO-0/DDP {medians['ddp'] / medians['zest0']:.3f}, "
                   f"ZeRO-3/FSDP2 {medians['fsdp2'] / medians['zest3']:.3f}; " + ", ".join(line),
                   flush=True)
+        for side, parts in phases.items():
+            print(f"{size} {side}: median " + ", ".join(
+                f"{phase[:-2]} {statistics.median(v) * 1e3:.1f} ms" for phase, v in parts.items()))
+        print(f"{size}: load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+              flush=True)
         with open(init + "/manifest.json") as f:
             context = json.load(f)["metadata"]["config"]["context"]
         tokens = a.batch * context

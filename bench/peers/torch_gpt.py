@@ -23,9 +23,11 @@ The same run as `mpiexec -n 2 train_gpt --zero 0|3` with the same flags, step fo
 
 --wrap ddp: DistributedDataParallel; --wrap fsdp2: fully_shard on each block and then on the
 whole model (ZeRO-3's placement: parameters sharded, gathered per block). gloo, one thread
-per process. --json writes {"run": {...}, "steps": [{"step", "loss", "seconds"}, ...]}: a
-step's time is rank 0's, from the forward to the optimizer's update and the loss's
-all-reduce, as train_gpt's log (the batch is drawn before the clock starts, as there).
+per process. --json writes {"run": {...}, "steps": [{"step", "loss", "seconds", ...}, ...]}:
+a step's time is rank 0's, from the forward to the optimizer's update and the loss's
+all-reduce, as train_gpt's log (the batch is drawn before the clock starts, as there), and
+its parts: forward_s, backward_s (with DDP's all-reduce or FSDP2's reduce-scatter) and
+update_s (clipping, AdamW, the loss's all-reduce).
 """
 
 import argparse
@@ -249,7 +251,9 @@ def main():
             g["lr"] = lr
         start = time.perf_counter()
         loss = model(x, y)
+        forward = time.perf_counter()
         loss.backward()
+        backward = time.perf_counter()
         if a.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
@@ -257,8 +261,10 @@ def main():
         summed = loss.detach().clone()
         dist.all_reduce(summed)
         value = summed.item() / world
-        seconds = time.perf_counter() - start
-        steps.append({"step": step + 1, "loss": value, "lr": lr, "seconds": seconds})
+        end = time.perf_counter()
+        steps.append({"step": step + 1, "loss": value, "lr": lr, "seconds": end - start,
+                      "forward_s": forward - start, "backward_s": backward - forward,
+                      "update_s": end - backward})
     if rank == 0 and a.json:
         run = dict(shape, batch=a.batch, wrap=a.wrap, world=world, torch=torch.__version__,
                    threads=torch.get_num_threads(), schedule_steps=total, warmup=warmup)
