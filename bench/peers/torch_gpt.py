@@ -219,6 +219,8 @@ def main():
     p.add_argument("--schedule-steps", type=int, default=0, help="default --steps")
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--json", default="", help="the run as JSON")
+    p.add_argument("--adamw", choices=["default", "foreach", "fused"], default="default",
+                   help="AdamW's implementation (default: torch's choice, a loop on the CPU)")
     a = p.parse_args()
 
     torch.set_num_threads(1)
@@ -237,7 +239,8 @@ def main():
     no_decay = [q for q in model.parameters() if q.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
+                            **({} if a.adamw == "default" else {a.adamw: True}))
     total = a.schedule_steps or max(a.steps, 1)
     warmup = min(a.warmup, total)
     share = a.batch // world
