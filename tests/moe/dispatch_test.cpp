@@ -16,6 +16,10 @@
 #include "support/fixtures.hpp"
 #include "zest/moe/dispatch.hpp"
 
+TEST_SUITE_BEGIN("moe_dispatch");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace dispatch_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -348,3 +352,7 @@ TEST_CASE("dispatch_by_index: empty slots are zero, routes are checked") {
     }
   }
 }
+
+}  // namespace dispatch_tests
+
+TEST_SUITE_END();

@@ -22,6 +22,10 @@
 #include "support/fixtures.hpp"
 #include "zest/moe/moe_layer.hpp"
 
+TEST_SUITE_BEGIN("moe_dropless");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace dropless_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -459,3 +463,7 @@ TEST_CASE("dropless_experts: tokens replicated over an expert axis of size > 1 a
     }
   }
 }
+
+}  // namespace dropless_tests
+
+TEST_SUITE_END();

@@ -23,6 +23,10 @@
 #include "zest/core/random.hpp"
 #include "zest/moe/gating.hpp"
 
+TEST_SUITE_BEGIN("moe_gating");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace gating_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -558,3 +562,7 @@ TEST_CASE("gating: the same routing at 1, 2 and 4 ranks, random routing on") {
 }
 
 }  // namespace
+
+}  // namespace gating_tests
+
+TEST_SUITE_END();

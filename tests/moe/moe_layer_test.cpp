@@ -22,6 +22,10 @@
 #include "support/fixtures.hpp"
 #include "zest/moe/moe_layer.hpp"
 
+TEST_SUITE_BEGIN("moe_layer");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace moe_layer_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -248,3 +252,7 @@ TEST_CASE("moe_layer: E must divide over the expert axis") {
     CHECK(ok.experts() == 4 * n);
   }
 }
+
+}  // namespace moe_layer_tests
+
+TEST_SUITE_END();

@@ -24,6 +24,10 @@
 #include "zest/moe/gating.hpp"
 #include "zest/tensor/redistribute.hpp"
 
+TEST_SUITE_BEGIN("moe_routing_ties");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace routing_ties_tests {
+
 namespace {
 using namespace zest;
 namespace ad = zest::autodiff;
@@ -199,3 +203,7 @@ TEST_CASE("gating with underflowing softmax: ties by logit, zero gates not route
 TEST_CASE("gating with underflowing softmax: ties by logit, zero gates not routed (emulated)") {
   check_backend<emulated_mesh<"dp">>();
 }
+
+}  // namespace routing_ties_tests
+
+TEST_SUITE_END();

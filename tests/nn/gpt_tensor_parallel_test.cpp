@@ -21,6 +21,10 @@
 #include "zest/nn/gpt.hpp"
 #include "zest/zero/cost_model.hpp"
 
+TEST_SUITE_BEGIN("nn_gpt_tensor_parallel");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace gpt_tensor_parallel_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -206,3 +210,7 @@ TEST_CASE("gpt, Ulysses sequence parallel (with and without tp): N ranks train l
 }
 
 }  // namespace
+
+}  // namespace gpt_tensor_parallel_tests
+
+TEST_SUITE_END();

@@ -26,6 +26,10 @@
 #include "zest/mesh/mesh.hpp"
 #include "zest/train/train_step.hpp"
 
+TEST_SUITE_BEGIN("nn_tensor_parallel");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace tensor_parallel_tests {
+
 namespace {
 using namespace zest;
 using namespace zest::testing;
@@ -136,3 +140,7 @@ TEST_CASE(
 }
 
 }  // namespace
+
+}  // namespace tensor_parallel_tests
+
+TEST_SUITE_END();

@@ -19,6 +19,10 @@
 #include "zest/mesh/mesh.hpp"
 #include "zest/testing/check_gradients.hpp"
 
+TEST_SUITE_BEGIN("nn_tp_mlp_gradients");
+// One namespace per file: the files of this folder share one unity translation unit.
+namespace tp_mlp_gradients_tests {
+
 namespace {
 using namespace zest;
 namespace ad = zest::autodiff;
@@ -71,3 +75,7 @@ TEST_CASE("tensor-parallel MLP: every gradient agrees with central differences o
 }
 
 }  // namespace
+
+}  // namespace tp_mlp_gradients_tests
+
+TEST_SUITE_END();
