@@ -4,8 +4,8 @@
 // tolerances), and the result layout (the input's, or its dims renamed). Along b, t and m of "btm" (first, middle and last dim), replicated, split over dp,
 // over dp x tp, t split over dp and tp together, and m split with tp partial; b = 5, t = 7 and
 // m = 6 do not split evenly over 2 or 4 ranks, so shards are uneven, along the op's dim too.
-// Each on the host backend (mesh<"dp", "tp">) and the emulated one (emulated_mesh, the GPU's
-// code paths), at every 2-D mesh shape of the world. Bad ranges, mismatched operands and bad
+// Each on the host backend (mesh<"dp", "tp">) at every 2-D mesh shape of the world (the
+// conformance suite, tests/backend/conformance, compares the device backends' code paths). Bad ranges, mismatched operands and bad
 // ids throw zest::shape_error naming the op, the dim and the extents.
 #include <doctest/doctest.h>
 
@@ -20,7 +20,6 @@
 #include "support/fixtures.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/shape_ops.hpp"
-#include "zest/mesh/emulated_mesh.hpp"
 #include "zest/testing/check_gradients.hpp"
 
 namespace {
@@ -34,15 +33,14 @@ using zest::testing::weighted_sum;
 using extents3 = std::array<std::size_t, 3>;
 const extents3 xe{5, 7, 6};
 
-// f(mesh) on mesh<"dp", "tp"> and on emulated_mesh<"dp", "tp">, at each mesh shape.
+// f(mesh) on mesh<"dp", "tp"> at each mesh shape. The device backends' code paths are
+// compared with the host's, op by op, by the conformance suite (tests/backend/conformance).
 template <class F>
 void on_every_mesh(F f) {
   for (const auto& shape : mesh_shapes()) {
-    mesh<"dp", "tp"> host(MPI_COMM_WORLD, shape);
-    CAPTURE(host.describe());
-    f(host);
-    emulated_mesh<"dp", "tp"> emulated(MPI_COMM_WORLD, shape);
-    f(emulated);
+    mesh<"dp", "tp"> m(MPI_COMM_WORLD, shape);
+    CAPTURE(m.describe());
+    f(m);
   }
 }
 

@@ -35,10 +35,12 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 
+#include "zest/comm/detail/mpi_comms.hpp"
 #include "zest/core/error.hpp"
 
 namespace zest {
@@ -142,7 +144,8 @@ class mpi_environment {
     }
     // Every rank constructs its environment, so this collective call lines up.
     if (detail::abort_comm() == MPI_COMM_NULL &&
-        MPI_Comm_dup(MPI_COMM_WORLD, &detail::abort_comm()) == MPI_SUCCESS) {
+        detail::duplicate_politely(MPI_COMM_WORLD, std::span(&detail::abort_comm(), 1)) ==
+            MPI_SUCCESS) {
       owns_abort_comm_ = true;
     }
   }

@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "zest/comm/communicator.hpp"
 #include "zest/comm/local_communicator.hpp"
@@ -26,6 +27,7 @@
 #if ZEST_HAS_MPI
 #include <mpi.h>
 
+#include "zest/comm/detail/mpi_comms.hpp"
 #include "zest/comm/mpi_communicator.hpp"
 #endif
 
@@ -95,12 +97,21 @@ class basic_mesh {
       rest /= sizes_[a];
     }
     for (std::size_t a = 0; a < axis_count; ++a) {
-      // Ranks that agree on every other coordinate share the axis communicator.
-      int color = 0;
-      for (std::size_t b = 0; b < axis_count; ++b)
-        color = color * sizes_[b] + (b == a ? 0 : coords_[b]);
+      // Ranks that agree on every other coordinate share the axis communicator, in the
+      // order of their coordinate along it. Made from the group (comm/detail/mpi_comms.hpp
+      // says why not MPI_Comm_split); the axis index tells the calls apart.
+      std::vector<int> members(static_cast<std::size_t>(sizes_[a]));
+      for (int k = 0; k < sizes_[a]; ++k) {
+        int r = 0;
+        for (std::size_t b = 0; b < axis_count; ++b) r = r * sizes_[b] + (b == a ? k : coords_[b]);
+        members[static_cast<std::size_t>(k)] = r;
+      }
       MPI_Comm sub = MPI_COMM_NULL;
-      MPI_Comm_split(parent, color, coords_[a], &sub);
+      if (const int code = detail::group_communicator(parent, members, static_cast<int>(a), &sub);
+          code != MPI_SUCCESS) {
+        throw communicator_error(detail::message("zest: mesh: making the communicator of axis '",
+                                                 axis_names[a], "' failed with MPI error ", code));
+      }
       axes_[a] = std::make_unique<Comm>(sub, std::string(axis_names[a]));
       MPI_Comm_free(&sub);
     }

@@ -476,6 +476,23 @@ inline auto all_ops() {
            auto x = c.x_split_t();
            return c.finish(ad::split_dim<"btm">(ad::merge_dims<"bk">(x), 6), x);
          }),
+      // The same ops along the other dims of "btm" (first, last; another dim split).
+      op("narrow along b (split) and m", exact,
+         [](auto& c) {
+           auto x = c.x();
+           return c.finish(ad::narrow<'m'>(ad::narrow<'b'>(x, 1, 3), 1, 2), x);
+         }),
+      op("concat along b (split)", exact,
+         [](auto& c) {
+           auto a = c.x();
+           auto b = c.x();
+           return c.finish(ad::concat<'b'>(a, b), a, b);
+         }),
+      op("index_select along t, m split", exact,
+         [](auto& c) {
+           auto x = c.x_split_m();
+           return c.finish(ad::index_select<'t'>(x, c.ids_r()), x);
+         }),
       op("rope", transcendental,
          [](auto& c) {
            auto x = c.x();

@@ -31,8 +31,10 @@
 #include "zest/comm/checked.hpp"
 #include "zest/comm/communicator.hpp"
 #include "zest/comm/detail/mpi_call.hpp"
+#include "zest/comm/detail/mpi_comms.hpp"
 #include "zest/comm/detail/mpi_fingerprint.hpp"
 #include "zest/comm/mpi_environment.hpp"
+#include "zest/core/backoff.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/source_site.hpp"
@@ -48,16 +50,11 @@ class mpi_core {
     if (comm == MPI_COMM_NULL) {
       throw communicator_error(message("zest: mpi_communicator '", name_, "': MPI_COMM_NULL"));
     }
-    check_code(MPI_Comm_dup(comm, &data_), "MPI_Comm_dup");
-    if (const int code = MPI_Comm_dup(comm, &check_); code != MPI_SUCCESS) {
-      MPI_Comm_free(&data_);
-      check_code(code, "MPI_Comm_dup");
-    }
-    if (const int code = MPI_Comm_dup(comm, &report_); code != MPI_SUCCESS) {
-      MPI_Comm_free(&check_);
-      MPI_Comm_free(&data_);
-      check_code(code, "MPI_Comm_dup");
-    }
+    std::array<MPI_Comm, 3> dups{};
+    check_code(duplicate_politely(comm, dups), "MPI_Comm_idup");
+    data_ = dups[0];
+    check_ = dups[1];
+    report_ = dups[2];
     // Errors come back as codes and leave as communicator_error naming the axis.
     for (MPI_Comm c : {data_, check_, report_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     int size = 0, rank = 0;
@@ -602,26 +599,18 @@ class mpi_core {
     }
   }
 
-  // Polls pending until done or the deadline: 64 polls back to back, then a yield between
-  // polls (ranks may outnumber cores: tests run 4 ranks on 2, and a rank that spins keeps
-  // the core from the peer it waits for; spinning for 1 ms measured 4 ms per 8-float
-  // all_reduce on a loaded machine, yielding 3 us), and past 10 ms a 20 us sleep.
+  // Polls pending until done or the deadline, pausing between polls as core/backoff.hpp
+  // says (ranks may outnumber cores: a rank that spins keeps the core from its peers).
   bool wait_until(MPI_Request& pending, bool block, watchdog_clock::time_point deadline,
                   const mpi_call& call) const {
-    const auto started = watchdog_clock::now();
+    backoff pause;
     for (unsigned polls = 0;; ++polls) {
       int done = 0;
       check_code(MPI_Test(&pending, &done, MPI_STATUS_IGNORE), call);
       if (done != 0) return true;
       if (!block) return false;
-      if (polls < 64) continue;
-      const auto now = watchdog_clock::now();
-      if (now >= deadline) return false;
-      if (now - started < std::chrono::milliseconds(10)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      if (polls >= backoff::spins && watchdog_clock::now() >= deadline) return false;
+      pause();
     }
   }
 
