@@ -31,6 +31,27 @@ set(ZEST_TEST_TIMEOUT 300 CACHE STRING "Default CTest timeout of a zest test, in
 option(ZEST_TEST_PRECOMPILED_HEADER
        "Compile the tests with zest/zest.hpp and doctest precompiled once (each test TU otherwise parses them anew, about 3 CPU s)"
        ON)
+# The optimisation level of the test programs (zest_add_test's, their main()s and the
+# precompiled header), after the build type's flags so that it wins: O0, O1, O2, O3, Os, Og;
+# empty (the default) keeps the build type's. The `default` preset sets O1: README's test
+# command builds the whole suite in about two thirds of the CPU time it takes at -O2
+# (bench/README.md, "README command 2"); the examples, train_gpt included, stay at the build
+# type's -O2, and the `ci` preset (what .ci/run tests) builds everything at -O2. The
+# layout stress programs (tests/layout_stress) set their levels themselves, -O0 and -O2.
+set(ZEST_TEST_OPT_LEVEL "" CACHE STRING
+    "Optimisation level of the test programs: O0, O1, O2, O3, Os or Og; empty: the build type's")
+if(NOT ZEST_TEST_OPT_LEVEL STREQUAL "" AND NOT ZEST_TEST_OPT_LEVEL MATCHES "^O[0123sg]$")
+  message(FATAL_ERROR "zest: ZEST_TEST_OPT_LEVEL is '${ZEST_TEST_OPT_LEVEL}'; it must be one of "
+                      "O0, O1, O2, O3, Os, Og, or empty for the build type's level")
+endif()
+
+# Gives a test program's target the tests' optimisation level (ZEST_TEST_OPT_LEVEL).
+function(zest_test_optimize target)
+  if(NOT ZEST_TEST_OPT_LEVEL STREQUAL "")
+    target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:-${ZEST_TEST_OPT_LEVEL}>")
+  endif()
+endfunction()
+
 option(ZEST_TEST_MPI_POLITE_WAIT
        "Make blocking MPI calls in MPI tests yield the CPU while they wait (see tests/support/mpi_polite_wait.cpp)"
        ON)
@@ -48,6 +69,7 @@ function(zest_testing_setup)
   add_library(zest_test_doctest_main OBJECT "${support}/doctest_main.cpp")
   target_link_libraries(zest_test_doctest_main PUBLIC doctest::doctest)
   zest_enable_warnings(zest_test_doctest_main)
+  zest_test_optimize(zest_test_doctest_main)
 
   # Without MPI (ZEST_WITH_MPI=OFF) zest_add_test skips the MPI tests: no MPI main.
   if(ZEST_HAS_MPI)
@@ -58,6 +80,7 @@ function(zest_testing_setup)
     target_include_directories(zest_test_mpi_main PUBLIC "${PROJECT_SOURCE_DIR}/tests")
     target_link_libraries(zest_test_mpi_main PUBLIC zest::zest doctest::doctest)
     zest_enable_warnings(zest_test_mpi_main)
+    zest_test_optimize(zest_test_mpi_main)
   endif()
 
   # The headers every test parses, precompiled once; the tests reuse it (zest_add_test).
@@ -71,6 +94,7 @@ function(zest_testing_setup)
     target_include_directories(zest_test_pch PRIVATE "${PROJECT_SOURCE_DIR}/tests")
     target_link_libraries(zest_test_pch PRIVATE zest::zest doctest::doctest)
     zest_enable_warnings(zest_test_pch)
+    zest_test_optimize(zest_test_pch)
     target_precompile_headers(zest_test_pch PRIVATE <zest/zest.hpp> <doctest/doctest.h>)
   endif()
 
@@ -115,6 +139,7 @@ function(zest_add_test name)
   target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
   target_link_libraries(${target} PRIVATE zest::zest doctest::doctest ${arg_LINK_LIBRARIES})
   zest_enable_warnings(${target})
+  zest_test_optimize(${target})
   if(TARGET zest_test_pch)
     target_precompile_headers(${target} REUSE_FROM zest_test_pch)
   endif()
