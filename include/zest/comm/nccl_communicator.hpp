@@ -89,6 +89,7 @@
 #include "zest/comm/communicator.hpp"
 #include "zest/comm/detail/pending_collectives.hpp"
 #include "zest/config.hpp"
+#include "zest/core/backoff.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
 
@@ -444,7 +445,8 @@ class nccl_core {
     if (checked() || !block) {
       const auto started = nccl_clock::now();
       const auto deadline = started + checked_mode().watchdog;
-      for (unsigned spins = 0; !done.ready(); ++spins) {
+      ::zest::detail::backoff pause;
+      for (; !done.ready(); pause()) {
         ncclResult_t async = ncclSuccess;
         nccl_check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", name_, rank_,
                    size_, comm_);
@@ -466,11 +468,6 @@ class nccl_core {
                       number, " on rank ", rank_, " of ", size_, " not complete after ",
                       std::chrono::duration<double>(nccl_clock::now() - started).count(),
                       " s (moving the data: all ranks agreed on the call, but it did not finish)"));
-        }
-        if (spins < 1000) {
-          std::this_thread::yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
       }
     }
@@ -862,17 +859,12 @@ class nccl_core {
     const cudaStream_t s = stream_->get();
     if (watchdog.count() <= 0) return cudaStreamSynchronize(s) == cudaSuccess;
     const auto deadline = nccl_clock::now() + watchdog;
-    for (unsigned spins = 0;; ++spins) {
+    for (::zest::detail::backoff pause;; pause()) {
       const cudaError_t code = cudaStreamQuery(s);
       if (code == cudaSuccess) return true;
       if (code != cudaErrorNotReady || nccl_clock::now() >= deadline) {
         static_cast<void>(cudaGetLastError());
         return false;
-      }
-      if (spins < 1000) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
   }

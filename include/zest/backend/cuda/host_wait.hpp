@@ -13,6 +13,8 @@
 #include <chrono>
 #include <thread>
 
+#include "zest/core/backoff.hpp"
+
 namespace zest::cuda::detail {
 
 // What the hook says to a host wait that asks it.
@@ -38,8 +40,7 @@ inline constexpr std::chrono::milliseconds hook_interval{1};
 
 // Polls done() until it is true, asking the hook first and then every hook_interval;
 // `block` is the plain blocking wait, used as soon as the hook says nothing can hang (idle)
-// or there is no deadline. Spins 64 times, then yields, then sleeps 20 us between polls (as
-// nccl_core::finish does). Whatever the hook throws leaves the wait.
+// or there is no deadline. Pauses between polls as zest/core/backoff.hpp says. Whatever the hook throws leaves the wait.
 template <class Done, class Block>
 void poll_under_hook(wait_hook hook, Done&& done, Block&& block) {
   if (done()) return;
@@ -48,8 +49,7 @@ void poll_under_hook(wait_hook hook, Done&& done, Block&& block) {
     return;
   }
   auto asked = std::chrono::steady_clock::now();
-  for (unsigned spins = 0; !done(); ++spins) {
-    if (spins < 64) continue;
+  for (::zest::detail::backoff pause; !done(); pause()) {
     const auto now = std::chrono::steady_clock::now();
     if (now - asked >= hook_interval) {
       asked = now;
@@ -57,11 +57,6 @@ void poll_under_hook(wait_hook hook, Done&& done, Block&& block) {
         block();
         return;
       }
-    }
-    if (spins < 1000) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 }
