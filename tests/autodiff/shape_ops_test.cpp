@@ -1,12 +1,14 @@
 // The shape ops of zest/autodiff/shape_ops.hpp (narrow, concat, index_select, merge_dims,
 // split_dim) at 1, 2 and 4 ranks: values against references computed here on global
 // row-major arrays, gradients with zest::testing::check_gradients (double, default
-// tolerances), and the result layout (the input's, or its dims renamed). Along b, t and m of "btm" (first, middle and last dim), replicated, split over dp,
-// over dp x tp, t split over dp and tp together, and m split with tp partial; b = 5, t = 7 and
-// m = 6 do not split evenly over 2 or 4 ranks, so shards are uneven, along the op's dim too.
-// Each on the host backend (mesh<"dp", "tp">) at every 2-D mesh shape of the world (the
-// conformance suite, tests/backend/conformance, compares the device backends' code paths). Bad ranges, mismatched operands and bad
-// ids throw zest::shape_error naming the op, the dim and the extents.
+// tolerances), and the result layout (the input's, or its dims renamed). Along b, t and m of
+// "btm" (first, middle and last dim), replicated, split over dp, over dp x tp, t split over
+// dp and tp together, and m split with tp partial; b = 5, t = 7 and m = 6 do not split
+// evenly over 2 or 4 ranks, so shards are uneven, along the op's dim too. Each on the host
+// backend (mesh<"dp", "tp">) at every 2-D mesh shape of the world (the conformance suite,
+// tests/backend/conformance, compares the device backends' code paths). Bad ranges,
+// mismatched operands and bad ids throw zest::shape_error naming the op, the dim and the
+// extents.
 #include <doctest/doctest.h>
 
 #include <array>

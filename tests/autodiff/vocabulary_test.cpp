@@ -1,9 +1,10 @@
 // The op vocabulary of zest/autodiff/elementwise.hpp and ops.hpp (exp, log, tanh, sigmoid,
-// silu, relu, sqrt, rsqrt, pow (a number or a tensor exponent), abs, shift, maximum, minimum, where, mean and variance over a
-// dim, softmax and log-softmax over any dim, rms_norm) and the op definition API of op.hpp
-// (unary with two lambdas, rowwise, custom): values against single-rank references written
-// here, gradients of loss = sum(op(...) * R) against central differences (double) of the
-// sharded forward, at about 16 elements of each input. Each on the host backend (mesh<"dp",
+// silu, relu, sqrt, rsqrt, pow (a number or a tensor exponent), abs, shift, maximum,
+// minimum, where, mean and variance over a dim, softmax and log-softmax over any dim,
+// rms_norm) and the op definition API of op.hpp (unary with two lambdas, rowwise, custom):
+// values against single-rank references written here, gradients of loss = sum(op(...) * R)
+// against central differences (double) of the sharded forward, at about 16 elements of each
+// input. Each on the host backend (mesh<"dp",
 // "tp">; a user's ops also on the emulated one, emulated_mesh, the GPU's code paths), at
 // every 2-D mesh shape of the world, replicated, split over dp, and split over dp and tp;
 // b = 5 and m = 6 do not split evenly over 2 or 4 ranks.

@@ -243,12 +243,13 @@ TEST_CASE("host wait: the hook's throw leaves the wait; a hook turning idle bloc
 
   w = {};
   hook_state = {};
-  int polls_left = 100000;  // far more than the loop makes in a few milliseconds
+  // Done only after 10 s, far past the 3 ms the hook's fourth call comes at.
+  const auto give_up = clock_type::now() + 10s;
   host_wait::poll_under_hook(
       &fake_hook,
       [&] {
         if (hook_state.calls == 3) hook_state.answer = host_wait::wait_check::idle;
-        return --polls_left == 0;
+        return clock_type::now() >= give_up;
       },
       [&] { ++w.blocks; });
   CHECK(w.blocks == 1);

@@ -109,8 +109,9 @@ class basic_mesh {
       MPI_Comm sub = MPI_COMM_NULL;
       if (const int code = detail::group_communicator(parent, members, static_cast<int>(a), &sub);
           code != MPI_SUCCESS) {
-        throw communicator_error(detail::message("zest: mesh: making the communicator of axis '",
-                                                 axis_names[a], "' failed with MPI error ", code));
+        throw communicator_error(
+            detail::message("zest: mesh: making the communicator of axis '", axis_names[a],
+                            "' failed: MPI error: ", detail::mpi_error_text(code)));
       }
       axes_[a] = std::make_unique<Comm>(sub, std::string(axis_names[a]));
       MPI_Comm_free(&sub);

@@ -493,6 +493,25 @@ inline auto all_ops() {
            auto x = c.x_split_m();
            return c.finish(ad::index_select<'t'>(x, c.ids_r()), x);
          }),
+      op<2>("narrow, concat, index_select along t split over dp and tp, 2-D", exact,
+            [](auto& c) {
+              auto x =
+                  c.template param<tensor<typename std::remove_cvref_t<decltype(c)>::value_type,
+                                          typename std::remove_cvref_t<decltype(c)>::mesh_type,
+                                          "btm", layout<split<'t', "dp", "tp">>>>({3, 7, 4}, 32);
+              auto y = ad::concat<'t'>(ad::narrow<'t'>(x, 1, 5), x);
+              return c.finish(ad::index_select<'t'>(y, c.ids_r()), x);
+            }),
+      op<2>("narrow, merge_dims, split_dim with m split and tp partial, 2-D", exact,
+            [](auto& c) {
+              auto x =
+                  c.template param<tensor<typename std::remove_cvref_t<decltype(c)>::value_type,
+                                          typename std::remove_cvref_t<decltype(c)>::mesh_type,
+                                          "btm", layout<split<'m', "dp">, partial<"tp">>>>(
+                      {3, 4, 6}, 33);
+              auto y = ad::merge_dims<"bk">(ad::narrow<'m'>(x, 1, 4));
+              return c.finish(ad::split_dim<"btm">(y, 4), x);
+            }),
       op("rope", transcendental,
          [](auto& c) {
            auto x = c.x();

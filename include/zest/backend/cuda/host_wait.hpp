@@ -40,7 +40,8 @@ inline constexpr std::chrono::milliseconds hook_interval{1};
 
 // Polls done() until it is true, asking the hook first and then every hook_interval;
 // `block` is the plain blocking wait, used as soon as the hook says nothing can hang (idle)
-// or there is no deadline. Pauses between polls as zest/core/backoff.hpp says. Whatever the hook throws leaves the wait.
+// or there is no deadline. Pauses between polls as zest/core/backoff.hpp says. Whatever
+// the hook throws leaves the wait.
 template <class Done, class Block>
 void poll_under_hook(wait_hook hook, Done&& done, Block&& block) {
   if (done()) return;

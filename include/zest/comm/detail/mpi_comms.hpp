@@ -11,46 +11,51 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <cstddef>
 #include <span>
-#include <vector>
+#include <string>
 
 #include "zest/core/backoff.hpp"
 
 namespace zest::detail {
 
-// Waits for every request, polling with backoff; the first error code, or MPI_SUCCESS.
-inline int wait_all_politely(std::span<MPI_Request> requests) {
+// MPI's text for an error code.
+inline std::string mpi_error_text(int code) {
+  std::array<char, MPI_MAX_ERROR_STRING> text{};
+  int length = 0;
+  if (MPI_Error_string(code, text.data(), &length) != MPI_SUCCESS) return "unknown MPI error";
+  return std::string(text.data(), static_cast<std::size_t>(length));
+}
+
+// Waits for the request, polling with backoff; the request's error code, or MPI_SUCCESS.
+inline int wait_politely(MPI_Request& request) {
   backoff pause;
   for (;;) {
     int done = 0;
-    const int code =
-        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
-    if (code != MPI_SUCCESS) return code;
-    if (done != 0) return MPI_SUCCESS;
+    const int code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS || done != 0) return code;
     pause();
   }
 }
 
-// out[i] = a duplicate of comm, for each i; all or none (on an error every duplicate made is
-// freed and out is MPI_COMM_NULL throughout). Collective over comm, like MPI_Comm_dup.
+// out[i] = a duplicate of comm, for each i, made one after another (each MPI_Comm_idup
+// polled to its end: several in flight on one communicator have tripped MPI libraries);
+// all or none: on an error the duplicates already made are freed and out is MPI_COMM_NULL
+// throughout. Collective over comm, like MPI_Comm_dup.
 inline int duplicate_politely(MPI_Comm comm, std::span<MPI_Comm> out) {
-  std::vector<MPI_Request> requests(out.size(), MPI_REQUEST_NULL);
-  int code = MPI_SUCCESS;
   for (auto& c : out) c = MPI_COMM_NULL;
-  for (std::size_t i = 0; i < out.size() && code == MPI_SUCCESS; ++i) {
-    code = MPI_Comm_idup(comm, &out[i], &requests[i]);
-  }
-  // Requests already started complete whatever happened after them.
-  const int waited = wait_all_politely(requests);
-  if (code == MPI_SUCCESS) code = waited;
-  if (code != MPI_SUCCESS) {
-    for (auto& c : out) {
-      if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
-      c = MPI_COMM_NULL;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    int code = MPI_Comm_idup(comm, &out[i], &request);
+    if (code == MPI_SUCCESS) code = wait_politely(request);
+    if (code != MPI_SUCCESS) {
+      for (std::size_t k = 0; k < i; ++k) MPI_Comm_free(&out[k]);
+      for (auto& c : out) c = MPI_COMM_NULL;  // one whose idup failed is MPI's to release
+      return code;
     }
   }
-  return code;
+  return MPI_SUCCESS;
 }
 
 // A communicator over the ranks `members` of parent (parent's numbering, in that order:

@@ -205,12 +205,8 @@ class mpi_core {
 
   void check_code(int code, std::string_view what) const {
     if (code == MPI_SUCCESS) return;
-    std::array<char, MPI_MAX_ERROR_STRING> text{};
-    int length = 0;
-    MPI_Error_string(code, text.data(), &length);
-    throw communicator_error(
-        message("zest: ", what, " on axis '", name_, "' (rank ", rank_, " of ", size_,
-                "): MPI error: ", std::string_view(text.data(), static_cast<std::size_t>(length))));
+    throw communicator_error(message("zest: ", what, " on axis '", name_, "' (rank ", rank_, " of ",
+                                     size_, "): MPI error: ", mpi_error_text(code)));
   }
   void check_code(int code, const mpi_call& call) const { check_code(code, call_name(call.kind)); }
 
