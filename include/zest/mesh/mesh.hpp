@@ -34,6 +34,15 @@
 namespace zest {
 
 namespace detail {
+// The rank at `coords` of a mesh of `sizes`: row-major, the first axis major, the order in
+// which a mesh numbers the ranks of its parent communicator.
+template <std::size_t N>
+constexpr int row_major_rank(const std::array<int, N>& sizes, const std::array<int, N>& coords) {
+  int r = 0;
+  for (std::size_t a = 0; a < N; ++a) r = r * sizes[a] + coords[a];
+  return r;
+}
+
 template <fixed_string... Axes>
 constexpr bool axis_names_valid() {
   constexpr std::array<std::string_view, sizeof...(Axes)> names{view_of<Axes>...};
@@ -101,10 +110,10 @@ class basic_mesh {
       // order of their coordinate along it. Made from the group (comm/detail/mpi_comms.hpp
       // says why not MPI_Comm_split); the axis index tells the calls apart.
       std::vector<int> members(static_cast<std::size_t>(sizes_[a]));
+      auto at = coords_;
       for (int k = 0; k < sizes_[a]; ++k) {
-        int r = 0;
-        for (std::size_t b = 0; b < axis_count; ++b) r = r * sizes_[b] + (b == a ? k : coords_[b]);
-        members[static_cast<std::size_t>(k)] = r;
+        at[a] = k;
+        members[static_cast<std::size_t>(k)] = detail::row_major_rank(sizes_, at);
       }
       MPI_Comm sub = MPI_COMM_NULL;
       if (const int code = detail::group_communicator(parent, members, static_cast<int>(a), &sub);

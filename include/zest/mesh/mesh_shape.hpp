@@ -59,11 +59,7 @@ class mesh_shape {
   constexpr const std::array<int, axis_count>& sizes() const { return sizes_; }
   constexpr const std::array<int, axis_count>& coords() const { return coords_; }
   // Row-major, the first axis major, as basic_mesh numbers its ranks.
-  constexpr int rank() const {
-    int r = 0;
-    for (std::size_t a = 0; a < axis_count; ++a) r = r * sizes_[a] + coords_[a];
-    return r;
-  }
+  constexpr int rank() const { return detail::row_major_rank(sizes_, coords_); }
   constexpr int world_size() const {
     int n = 1;
     for (int s : sizes_) n *= s;
