@@ -6,10 +6,12 @@
 // included), made from the rank and the index, so every rank computes the expected result
 // on its own, in closed form, without communicating.
 #include "zest/comm/mpi_communicator.hpp"
+#include "zest/comm/detail/mpi_comms.hpp"
 
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -445,4 +447,62 @@ TEST_CASE(
     CHECK(x[0] == static_cast<int>(n));
   }
   CHECK(comm.stats()[collective::all_gather].calls == 0);  // refused calls are not counted
+}
+
+// comm/detail/mpi_comms.hpp: the communicators every mpi_communicator and mesh are made of.
+TEST_CASE("communicators are duplicated and made from groups; MPI's errors come back as codes") {
+  namespace d = zest::detail;
+  const int n = world_size(), me = world_rank();
+  std::array<MPI_Comm, 3> dups{};
+  REQUIRE(d::duplicate_politely(MPI_COMM_WORLD, dups) == MPI_SUCCESS);
+  for (MPI_Comm& c : dups) {
+    int same = MPI_UNEQUAL;
+    MPI_Comm_compare(MPI_COMM_WORLD, c, &same);
+    CHECK(same == MPI_CONGRUENT);
+    MPI_Comm_free(&c);
+  }
+
+  // The ranks of my parity, last first: member k becomes rank k.
+  std::vector<int> members;
+  for (int r = n - 1; r >= 0; --r) {
+    if (r % 2 == me % 2) members.push_back(r);
+  }
+  {
+    d::owned_comm sub;
+    REQUIRE(d::group_communicator(MPI_COMM_WORLD, members, 7, &sub.comm) == MPI_SUCCESS);
+    int size = 0, rank = -1;
+    MPI_Comm_size(sub.comm, &size);
+    MPI_Comm_rank(sub.comm, &rank);
+    CHECK(size == static_cast<int>(members.size()));
+    REQUIRE(rank >= 0);
+    CHECK(members[static_cast<std::size_t>(rank)] == me);
+    int sum = me;
+    MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_INT, MPI_SUM, sub.comm);
+    CHECK(sum == std::accumulate(members.begin(), members.end(), 0));
+  }  // freed here
+
+  // Errors: with MPI_ERRORS_RETURN they come back as codes, and nothing is left behind.
+  MPI_Errhandler world_handler = MPI_ERRHANDLER_NULL, self_handler = MPI_ERRHANDLER_NULL;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world_handler);
+  MPI_Comm_get_errhandler(MPI_COMM_SELF, &self_handler);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+  const int dup_code = d::duplicate_politely(MPI_COMM_NULL, dups);
+  CHECK(dup_code != MPI_SUCCESS);
+  for (MPI_Comm c : dups) CHECK(c == MPI_COMM_NULL);
+  const std::vector<int> outside{n};  // no such rank
+  MPI_Comm bad = MPI_COMM_WORLD;
+  const int group_code = d::group_communicator(MPI_COMM_WORLD, outside, 0, &bad);
+  CHECK(group_code != MPI_SUCCESS);
+  CHECK(bad == MPI_COMM_NULL);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, world_handler);
+  MPI_Comm_set_errhandler(MPI_COMM_SELF, self_handler);
+  MPI_Errhandler_free(&world_handler);
+  MPI_Errhandler_free(&self_handler);
+  for (const int code : {dup_code, group_code}) {
+    const std::string text = d::mpi_error_text(code);
+    INFO(text);
+    CHECK(!text.empty());
+    CHECK(text != "unknown MPI error");
+  }
 }

@@ -5,14 +5,19 @@
 // rather than the operating system's, so they see exactly what the library holds.
 //
 // Large blocks that zest frees are kept in a cache and handed out again for the next
-// request of the same size (a training step allocates the same sizes every step; fresh
-// pages from the operating system cost a page fault each, which measured ~15% of a step).
-// Cached blocks are not live: the counters see only blocks in use. The cache holds at most
-// cache_limit() bytes (256 MiB unless set_cache_limit says otherwise), making room by
-// freeing cached blocks when it is full; release_cache() returns everything to the system.
+// request of the same size class (fresh pages from the operating system cost a page fault
+// each, which measured ~15% of a training step). A block of 64 KiB or more is allocated at
+// its class's size: the request rounded up to one of 16 sizes per power of two, at most
+// 1/16 more. So a request whose size changes a little from step to step (an expert's rows
+// under dropless routing, a batch of another length) still finds last step's block. The
+// counters count the bytes requested, not the rounding, so that they equal the formulas of
+// the planner; cached_bytes() counts whole blocks. Cached blocks are not live. The cache
+// holds at most cache_limit() bytes (256 MiB unless set_cache_limit says otherwise), making
+// room by freeing cached blocks when it is full; release_cache() returns everything.
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,14 +63,26 @@ void release(Container& v) noexcept {
   Container().swap(v);
 }
 
-// The cache of freed large blocks, by exact size (64-byte aligned).
+// The cache of freed large blocks, by size class (64-byte aligned).
 class block_cache {
  public:
   static constexpr std::size_t min_block = std::size_t{64} << 10;  // smaller: plain new
   static constexpr std::align_val_t alignment{64};
+  static constexpr std::size_t classes_per_octave = 16;
 
+  // The size a request of `bytes` is allocated at: below min_block the request itself;
+  // from there on, rounded up to a multiple of 1/16 of the power of two at or below it.
+  static constexpr std::size_t block_size(std::size_t bytes) noexcept {
+    if (bytes < min_block) return bytes;
+    const std::size_t grain = std::bit_floor(bytes) / classes_per_octave;
+    if (bytes > static_cast<std::size_t>(-1) - grain) return bytes;  // cannot be allocated
+    return (bytes + grain - 1) / grain * grain;
+  }
+
+  // A cached block for a request of `bytes`, of block_size(bytes); nullptr: none.
   void* take(std::size_t bytes) {
     if (bytes < min_block) return nullptr;
+    bytes = block_size(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = free_.find(bytes);
     if (it == free_.end() || it->second.empty()) return nullptr;
@@ -74,9 +91,11 @@ class block_cache {
     cached_ -= bytes;
     return p;
   }
-  // Keeps the block if there is room; false: the caller frees it.
+  // Keeps a block allocated for a request of `bytes` if there is room; false: the caller
+  // frees it.
   bool give(void* p, std::size_t bytes) noexcept {
     if (bytes < min_block) return false;
+    bytes = block_size(bytes);
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       if (bytes > limit_) return false;
@@ -138,7 +157,7 @@ struct tracking_allocator {
 
   T* allocate(std::size_t n) {
     void* p = cache().take(n * sizeof(T));
-    if (p == nullptr) p = ::operator new(n * sizeof(T), alignment);
+    if (p == nullptr) p = ::operator new(block_cache::block_size(n * sizeof(T)), alignment);
     note_allocated(n * sizeof(T));
     return static_cast<T*>(p);
   }

@@ -115,15 +115,15 @@ class basic_mesh {
         at[a] = k;
         members[static_cast<std::size_t>(k)] = detail::row_major_rank(sizes_, at);
       }
-      MPI_Comm sub = MPI_COMM_NULL;
-      if (const int code = detail::group_communicator(parent, members, static_cast<int>(a), &sub);
+      detail::owned_comm sub;  // Comm keeps duplicates of it
+      if (const int code =
+              detail::group_communicator(parent, members, static_cast<int>(a), &sub.comm);
           code != MPI_SUCCESS) {
         throw communicator_error(
             detail::message("zest: mesh: making the communicator of axis '", axis_names[a],
                             "' failed: MPI error: ", detail::mpi_error_text(code)));
       }
-      axes_[a] = std::make_unique<Comm>(sub, std::string(axis_names[a]));
-      MPI_Comm_free(&sub);
+      axes_[a] = std::make_unique<Comm>(sub.comm, std::string(axis_names[a]));
     }
     world_ = std::make_unique<Comm>(parent, std::string("world"));
   }

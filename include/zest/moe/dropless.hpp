@@ -51,7 +51,6 @@
 // and the row offsets the only data on the host.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -143,6 +142,12 @@ constexpr bool check_expert_weight() {
   }
 }
 
+// The backend's buffer of T. Its size may change from step to step with the routing: the
+// allocators keep freed blocks by size class (zest/core/memory.hpp, and the device pool), so
+// a step finds the blocks of the step before.
+template <class B, class T>
+using buffer_t = typename B::template buffer<T>;
+
 // What the backward steps keep of the forward, in the backend's memory, and the plan of rows.
 // The rows on the tokens' side are in send order: local expert l (of every rank of the expert
 // axis), then the rank p, then group and slot; on the experts' side expert-major: local expert
@@ -157,23 +162,12 @@ struct dropless_state {
   std::vector<std::size_t> rows, offsets;          // per local expert: rows received, first row
   std::shared_ptr<index_routes<B>> routes;         // the indices, copied
   typename B::template buffer<std::int64_t> base;  // [G_l][E]
-  typename B::template buffer<T> x, h, a, y_back;  // x, h, a expert-major; y_back send order
+  buffer_t<B, T> x, h, a, y_back;  // x, h, a expert-major; y_back send order
   choice_rows at() const {
     return {routes->expert.data(), routes->slot.data(), base.data(),
             routes->experts,       tokens * k,          k};
   }
 };
-
-// A buffer of at least n elements, its size rounded up to one of 16 to 32 sizes per power of
-// two. The row counts change from step to step, and zest's cache of freed blocks
-// (zest/core/memory.hpp) hands a block back for the same size only: with exact sizes every
-// step would take fresh pages, a page fault each (measured: a tenth of the layer's time).
-template <class B, class T>
-typename B::template buffer<T> rows_buffer(std::size_t n) {
-  const auto bits = static_cast<std::size_t>(std::bit_width(n));
-  const std::size_t grain = bits > 5 ? std::size_t{1} << (bits - 5) : 1;
-  return typename B::template buffer<T>((n + grain - 1) / grain * grain);
-}
 
 // Starts the exchange of rows of `width` between the tokens' side (send order) and the
 // experts' (expert-major): one all-to-all per local expert, from `from` straight into `to`,
@@ -342,7 +336,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   // 2. The counts: E_l to each rank of the expert axis (rank p's for my expert l at p E_l + l),
   // while the rows to send are gathered.
   auto& comm = mesh.axis(axis);
-  auto send = rows_buffer<B, T>(s.send_rows * M);
+  buffer_t<B, T> send(s.send_rows * M);
   std::vector<std::int64_t> received(n * El);
   {
     auto cs = B::template from_host<std::int64_t>(std::span<const std::int64_t>(per_expert));
@@ -368,7 +362,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   }
 
   // 3. The rows, straight from the tokens into my experts' inputs (expert-major).
-  s.x = rows_buffer<B, T>(s.recv_rows * M);
+  s.x = buffer_t<B, T>(s.recv_rows * M);
   {
     auto incoming = exchange_rows(comm, s, send.data(), s.x.data(), M, true);
     wait_all(incoming);
@@ -377,9 +371,9 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
 
   // 4. Per expert: the GEMMs n_e x M x H and n_e x H x M (none where n_e = 0), bias and GELU
   // between them on the rows just computed.
-  s.h = rows_buffer<B, T>(s.recv_rows * H);
-  s.a = rows_buffer<B, T>(s.recv_rows * H);
-  auto y = rows_buffer<B, T>(s.recv_rows * M);
+  s.h = buffer_t<B, T>(s.recv_rows * H);
+  s.a = buffer_t<B, T>(s.recv_rows * H);
+  buffer_t<B, T> y(s.recv_rows * M);
   const T* pw1 = w_in.value().local().data();
   const T* pw2 = w_out.value().local().data();
   for (std::size_t l = 0; l < El; ++l) {
@@ -400,7 +394,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   }
 
   // 5. Back to the tokens' ranks, and the weighted sum.
-  s.y_back = rows_buffer<B, T>(s.send_rows * M);
+  s.y_back = buffer_t<B, T>(s.send_rows * M);
   {
     auto outgoing = exchange_rows(comm, s, y.data(), s.y_back.data(), M, false);
     wait_all(outgoing);
@@ -447,7 +441,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     auto& comm = mesh.axis(axis);
     // d y, sent to the experts' ranks straight into the experts' order; the weights' gradient
     // while it travels.
-    auto sent = rows_buffer<B, T>(s.send_rows * M), dy = rows_buffer<B, T>(n_rows * M);
+    buffer_t<B, T> sent(s.send_rows * M), dy(n_rows * M);
     for_each_kernel<B>(s.routes->groups * s.tokens * s.k * M,
                        scatter_choices<T>{dz, pw, s.at(), sent.data(), M});
     auto incoming = exchange_rows(comm, s, sent.data(), dy.data(), M, true);
@@ -465,8 +459,8 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
     // while they travel. An idle expert's stay 0.
     const T* pw1 = std::as_const(w1n->value).local().data();
     const T* pw2 = std::as_const(w2n->value).local().data();
-    auto da = rows_buffer<B, T>(n_rows * H), dh = rows_buffer<B, T>(n_rows * H);
-    auto dx_rows = rows_buffer<B, T>(n_rows * M);
+    buffer_t<B, T> da(n_rows * H), dh(n_rows * H);
+    buffer_t<B, T> dx_rows(n_rows * M);
     for (std::size_t l = 0; l < s.local_experts; ++l) {
       const std::size_t o = s.offsets[l], rows = s.rows[l];
       if (rows == 0) continue;
@@ -479,7 +473,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
       gemm<B>(dh.data() + o * H, "th", rows, H, pw1 + l * M * H, "mh", M, H, dx_rows.data() + o * M,
               "tm", rows, M);
     }
-    auto back = rows_buffer<B, T>(s.send_rows * M);
+    buffer_t<B, T> back(s.send_rows * M);
     auto outgoing = exchange_rows(comm, s, dx_rows.data(), back.data(), M, false);
     g1_t dw1(w1n->value.mesh(), w1n->value.extents());
     g2_t dw2(w2n->value.mesh(), w2n->value.extents());

@@ -20,6 +20,17 @@
 
 namespace zest::detail {
 
+// Owns a communicator: frees it when it goes out of scope, an exception's unwinding included.
+struct owned_comm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  owned_comm() = default;
+  owned_comm(const owned_comm&) = delete;
+  owned_comm& operator=(const owned_comm&) = delete;
+  ~owned_comm() {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+};
+
 // MPI's text for an error code.
 inline std::string mpi_error_text(int code) {
   std::array<char, MPI_MAX_ERROR_STRING> text{};
