@@ -41,7 +41,8 @@
 //       around it), rank mean. An all-to-all's time is its packing, exchange and unpacking,
 //       plus the time a rank waits for the others before it (a barrier placed there, timed
 //       apart: what load from other processes adds); the table shows both parts, and the
-//       seconds inside MPI_Alltoall(v) (profiling interface).               for the record
+//       seconds inside MPI for the all-to-alls: their starts and every poll of their
+//       requests (bench/mpi_profile.hpp, the profiling interface).          for the record
 //   moe_expert_bytes_per_rank_ratio  bytes of the expert parameters' states per rank
 //       (stored copy, gradient buffer, Adam's m and v: what zest's allocation count sees
 //       around constructing them) with E = 4 on 2 ranks / with E = 8 on 4 ranks (mesh
@@ -79,6 +80,7 @@
 #include <utility>
 #include <vector>
 
+#include "mpi_profile.hpp"  // defines the MPI calls zest makes: include once
 #include "zest/comm/mpi_environment.hpp"
 #include "zest/core/memory.hpp"
 #include "zest/core/random.hpp"
@@ -92,44 +94,11 @@
 #include <cblas.h>
 #endif
 
-// ---------------------------------------------------------------------------------------
-// Seconds inside the all-to-alls (the profiling interface): the blocking calls zest's
-// communicator makes for all_to_all, forwarded to their PMPI_ names.
-
-namespace {
-using clock_type = std::chrono::steady_clock;
-double alltoall_mpi_seconds = 0;
-
-template <class F>
-int timed_alltoall(F call) {
-  const auto t0 = clock_type::now();
-  const int rc = call();
-  alltoall_mpi_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
-  return rc;
-}
-}  // namespace
-
-extern "C" {
-int MPI_Alltoall(const void* send, int send_count, MPI_Datatype send_type, void* recv,
-                 int recv_count, MPI_Datatype recv_type, MPI_Comm comm) {
-  return timed_alltoall([&] {
-    return PMPI_Alltoall(send, send_count, send_type, recv, recv_count, recv_type, comm);
-  });
-}
-int MPI_Alltoallv(const void* send, const int send_counts[], const int send_displs[],
-                  MPI_Datatype send_type, void* recv, const int recv_counts[],
-                  const int recv_displs[], MPI_Datatype recv_type, MPI_Comm comm) {
-  return timed_alltoall([&] {
-    return PMPI_Alltoallv(send, send_counts, send_displs, send_type, recv, recv_counts, recv_displs,
-                          recv_type, comm);
-  });
-}
-}  // extern "C"
-
 namespace {
 
 namespace ad = zest::autodiff;
 namespace moe = zest::moe;
+using clock_type = std::chrono::steady_clock;
 
 using mesh_t = zest::mesh<"dp", "ep">;
 using policy = zest::training_policy<mesh_t, zest::zero_stage<0>, float>;
@@ -492,7 +461,7 @@ pipeline_figures bench_pipeline(Engine& engine, std::size_t group, const layer_t
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   for (int rep = 0; rep < warmup + s.p_reps; ++rep) {
     piece_clock c;
-    const double mpi0 = alltoall_mpi_seconds;
+    const double mpi0 = bench_mpi::seconds(bench_mpi::op::all_to_all);
     ad::tape t;
     auto x = t.parameter(x_btm(x0));
     auto rr = t.constant(r_btm(r0));
@@ -530,7 +499,7 @@ pipeline_figures bench_pipeline(Engine& engine, std::size_t group, const layer_t
     engine.backward(loss);
     span_time total;
     total.add_since(t0);
-    const double mpi = alltoall_mpi_seconds - mpi0;
+    const double mpi = bench_mpi::seconds(bench_mpi::op::all_to_all) - mpi0;
     // The reference: the same bytes through one bare MPI_Alltoall, warm buffers, after a
     // barrier (the profiling wrapper bypassed).
     const int count = static_cast<int>(block / static_cast<std::size_t>(world));
@@ -812,8 +781,8 @@ int main(int argc, char** argv) {
       std::printf("  %-30s %8s %8s %8.2f %7s %8.2f\n", "total", "", "", 1e3 * total, "",
                   1e3 * total_cpu);
       std::printf(
-          "  all-to-all share %.3f (without the waits %.3f); inside MPI_Alltoall(v) "
-          "%.2f ms per step (4 calls)\n",
+          "  all-to-all share %.3f (without the waits %.3f); inside MPI for the all-to-alls "
+          "(their starts and polls) %.2f ms per step (4 calls)\n",
           median(pf.share), median(pf.exchange_share), 1e3 * median(pf.mpi));
       std::printf("  one bare MPI_Alltoall of the same %.2f MB block (warm buffers): %.2f ms\n",
                   1e-6 * double(pf.block_bytes), 1e3 * median(pf.raw_alltoall));

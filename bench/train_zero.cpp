@@ -31,9 +31,8 @@
 // far more often than 0.4-0.7 s steps do (the best-of figure is printed too).
 //
 // The table also shows, per stage: seconds inside MPI per step, measured through MPI's
-// profiling interface (this program defines the MPI calls zest's communicator makes:
-// MPI_Wait, MPI_Test, the blocking collectives and the starts of the non-blocking ones,
-// and forwards them to their PMPI_ names, adding up the seconds), which tells how much of
+// profiling interface (bench/mpi_profile.hpp: the MPI calls zest's communicators make,
+// timed and forwarded to their PMPI_ names), which tells how much of
 // stage 3's extra step time is communication not hidden behind compute; and the minor page
 // faults per step (fresh memory touched for the first time: what the allocations of a step
 // cost the kernel). A last pass splits a step into forward, backward and optimizer step.
@@ -54,6 +53,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mpi_profile.hpp"  // defines the MPI calls zest makes: include once
 #include "zest/comm/mpi_environment.hpp"
 #include "zest/core/memory.hpp"
 #include "zest/data/batches.hpp"
@@ -67,87 +67,9 @@
 #error "train_zero compares against OpenBLAS: build with -DZEST_HAS_BLAS=1 -lopenblas"
 #endif
 
-// ---------------------------------------------------------------------------------------
-// Seconds inside MPI (the profiling interface).
-
 namespace {
+
 using clock_type = std::chrono::steady_clock;
-double mpi_seconds = 0;  // this rank's time inside the MPI calls below
-
-template <class F>
-int timed_mpi(F call) {
-  const auto t0 = clock_type::now();
-  const int rc = call();
-  mpi_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
-  return rc;
-}
-}  // namespace
-
-extern "C" {
-int MPI_Wait(MPI_Request* request, MPI_Status* status) {
-  return timed_mpi([&] { return PMPI_Wait(request, status); });
-}
-int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
-  return timed_mpi([&] { return PMPI_Test(request, flag, status); });
-}
-int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op,
-                  MPI_Comm comm) {
-  return timed_mpi([&] { return PMPI_Allreduce(send, recv, count, type, op, comm); });
-}
-int MPI_Allgather(const void* send, int send_count, MPI_Datatype send_type, void* recv,
-                  int recv_count, MPI_Datatype recv_type, MPI_Comm comm) {
-  return timed_mpi([&] {
-    return PMPI_Allgather(send, send_count, send_type, recv, recv_count, recv_type, comm);
-  });
-}
-int MPI_Allgatherv(const void* send, int send_count, MPI_Datatype send_type, void* recv,
-                   const int recv_counts[], const int displs[], MPI_Datatype recv_type,
-                   MPI_Comm comm) {
-  return timed_mpi([&] {
-    return PMPI_Allgatherv(send, send_count, send_type, recv, recv_counts, displs, recv_type, comm);
-  });
-}
-int MPI_Reduce_scatter(const void* send, void* recv, const int recv_counts[], MPI_Datatype type,
-                       MPI_Op op, MPI_Comm comm) {
-  return timed_mpi([&] { return PMPI_Reduce_scatter(send, recv, recv_counts, type, op, comm); });
-}
-int MPI_Reduce_scatter_block(const void* send, void* recv, int recv_count, MPI_Datatype type,
-                             MPI_Op op, MPI_Comm comm) {
-  return timed_mpi(
-      [&] { return PMPI_Reduce_scatter_block(send, recv, recv_count, type, op, comm); });
-}
-int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op,
-                   MPI_Comm comm, MPI_Request* request) {
-  return timed_mpi([&] { return PMPI_Iallreduce(send, recv, count, type, op, comm, request); });
-}
-int MPI_Iallgather(const void* send, int send_count, MPI_Datatype send_type, void* recv,
-                   int recv_count, MPI_Datatype recv_type, MPI_Comm comm, MPI_Request* request) {
-  return timed_mpi([&] {
-    return PMPI_Iallgather(send, send_count, send_type, recv, recv_count, recv_type, comm, request);
-  });
-}
-int MPI_Iallgatherv(const void* send, int send_count, MPI_Datatype send_type, void* recv,
-                    const int recv_counts[], const int displs[], MPI_Datatype recv_type,
-                    MPI_Comm comm, MPI_Request* request) {
-  return timed_mpi([&] {
-    return PMPI_Iallgatherv(send, send_count, send_type, recv, recv_counts, displs, recv_type, comm,
-                            request);
-  });
-}
-int MPI_Ireduce_scatter(const void* send, void* recv, const int recv_counts[], MPI_Datatype type,
-                        MPI_Op op, MPI_Comm comm, MPI_Request* request) {
-  return timed_mpi(
-      [&] { return PMPI_Ireduce_scatter(send, recv, recv_counts, type, op, comm, request); });
-}
-int MPI_Ireduce_scatter_block(const void* send, void* recv, int recv_count, MPI_Datatype type,
-                              MPI_Op op, MPI_Comm comm, MPI_Request* request) {
-  return timed_mpi(
-      [&] { return PMPI_Ireduce_scatter_block(send, recv, recv_count, type, op, comm, request); });
-}
-}  // extern "C"
-
-namespace {
-
 using mesh_t = zest::mesh<"dp">;
 template <int K>
 using policy_of = zest::training_policy<mesh_t, zest::zero_stage<K>, float>;
@@ -253,12 +175,12 @@ struct trainer {
   step_sample step(const mesh_t& mesh, const zest::batch_sampler& sampler) {
     const auto [inputs, targets] = sampler.batch<"dp">(mesh, steps);
     MPI_Barrier(MPI_COMM_WORLD);
-    const double mpi_before = mpi_seconds;
+    const double mpi_before = bench_mpi::total_seconds();
     const double faults_before = minor_page_faults();
     const double cpu_before = cpu_seconds();
     const auto r = zest::train_step(*engine, *model, inputs, targets, 1e-3,
                                     zest::splitmix64(static_cast<std::uint64_t>(steps)));
-    const double in_mpi = mpi_seconds - mpi_before;
+    const double in_mpi = bench_mpi::total_seconds() - mpi_before;
     const double faults = minor_page_faults() - faults_before;
     const double cpu = cpu_seconds() - cpu_before;
     ++steps;
@@ -278,25 +200,25 @@ struct trainer {
     const auto [inputs, targets] = sampler.batch<"dp">(mesh, steps);
     MPI_Barrier(MPI_COMM_WORLD);
     std::array<double, 6> out{};
-    double mpi0 = mpi_seconds;
+    double mpi0 = bench_mpi::total_seconds();
     auto t0 = clock_type::now();
     {
       zest::autodiff::tape t;
       auto loss = model->loss(t, inputs, targets, zest::splitmix64(steps));
       (void)engine->scalar_value(loss.value());
       out[0] = seconds_since(t0);
-      out[3] = mpi_seconds - mpi0;
-      mpi0 = mpi_seconds;
+      out[3] = bench_mpi::total_seconds() - mpi0;
+      mpi0 = bench_mpi::total_seconds();
       t0 = clock_type::now();
       engine->backward(loss);
     }
     out[1] = seconds_since(t0);
-    out[4] = mpi_seconds - mpi0;
-    mpi0 = mpi_seconds;
+    out[4] = bench_mpi::total_seconds() - mpi0;
+    mpi0 = bench_mpi::total_seconds();
     t0 = clock_type::now();
     (void)engine->step(1e-3);
     out[2] = seconds_since(t0);
-    out[5] = mpi_seconds - mpi0;
+    out[5] = bench_mpi::total_seconds() - mpi0;
     ++steps;
     return out;
   }
