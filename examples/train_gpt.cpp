@@ -355,7 +355,8 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
 
 zest::report::training_log start_log(const flags& f, std::size_t vocab, const std::string& mesh,
                                      std::size_t params, double entropy,
-                                     std::int64_t model_state_bytes, std::int64_t step) {
+                                     std::int64_t model_state_bytes, const memory_need& estimate,
+                                     std::int64_t step) {
   zest::report::training_log log;
   if (!f.log.empty() && !f.load.empty() && std::filesystem::exists(f.log)) {
     log = zest::report::training_log::read(f.log);
@@ -371,6 +372,12 @@ zest::report::training_log start_log(const flags& f, std::size_t vocab, const st
   log.set("parameters", static_cast<std::int64_t>(params));
   log.set("unigram_entropy_nats", entropy);
   log.set("model_state_bytes_per_rank", static_cast<std::int64_t>(model_state_bytes));
+  zest::json::object need;
+  need.emplace_back("model_states", estimate.model_states);
+  need.emplace_back("activations", estimate.activations);
+  need.emplace_back("bookkeeping", estimate.bookkeeping);
+  need.emplace_back("total", estimate.total());
+  log.set("memory_estimate_per_rank", zest::json::value(std::move(need)));
   return log;
 }
 
@@ -702,21 +709,43 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   // inputs, q, k, v, attention output and projection, the MLP's hidden layer before and
   // after its activation: about 18 widths) and the attention's scores and weights (2 heads
   // x context), the logits and their softmax (3 x vocab), in fp32, and as much again for
-  // their gradients in backward.
+  // their gradients in backward. A rank holds its share of the batch (dp x ep) and of the
+  // sequence over sp and tp: the stream is split along the sequence over both, and inside
+  // the regions that gather it, tp splits the features (heads, the MLP's hidden layer, the
+  // vocabulary) and Ulysses' all-to-alls give sp a share of the heads.
   const double tokens = std::ceil(static_cast<double>(f.batch) / (sizes[0] * sizes[1])) *
-                        static_cast<double>(f.context);
+                        std::ceil(static_cast<double>(f.context) / (sizes[2] * sizes[3]));
   // llama: the block's input, two norms, q, k, v and their rotations, the attention output
   // and projection (about 10 widths at most), and the SwiGLU's gate, up, silu and product.
+  // Two of these widths, the normalised inputs of the attention and of the MLP, are kept as
+  // tp gathered them: the whole sequence on every rank of tp.
+  const double tp = sizes[2];
   const double per_block_widths =
-      f.arch == "llama"
-          ? 10 * w + 4 * static_cast<double>(f.hidden == 0 ? llama_example::default_hidden(f.width)
+      (f.arch == "llama"
+           ? 8 * w + 4 * static_cast<double>(f.hidden == 0 ? llama_example::default_hidden(f.width)
                                                            : f.hidden)
-          : 18 * w;
-  double per_token = layers * (per_block_widths +
-                               2 * static_cast<double>(f.heads) * static_cast<double>(f.context)) +
-                     3 * 256;
-  if (f.moe)
-    per_token += moe_layers * 2 * hidden * f.top_k * (f.moe_dropless ? 1.0 : f.capacity_factor);
+           : 16 * w) +
+      2 * w * tp;
+  const double per_block_scores = 2 * static_cast<double>(f.heads) * static_cast<double>(f.context);
+  // An expert layer's router probabilities, its dispatched and combined tokens and its
+  // experts' hidden activations: the layer sees the whole sequence on every rank of tp and
+  // sp.
+  const double routed = static_cast<double>(f.top_k) * (f.moe_dropless ? 1.0 : f.capacity_factor);
+  const double moe_per_block =
+      f.moe ? (static_cast<double>(f.experts) + 2 * w * routed + 2 * hidden * routed) * tp *
+                  static_cast<double>(sizes[3])
+            : 0.0;
+  // Recomputation: selective keeps the blocks' values but not their scores, which backward
+  // rebuilds one block at a time; full keeps each block's input only and rebuilds one whole
+  // block at a time.
+  double per_token = 3 * 256 + w * tp;  // the logits and the final norm's gathered output
+  if (f.recompute == "full") {
+    per_token += layers * w + per_block_widths + per_block_scores;
+  } else if (f.recompute == "selective") {
+    per_token += layers * per_block_widths + moe_layers * moe_per_block + per_block_scores;
+  } else {
+    per_token += layers * (per_block_widths + per_block_scores) + moe_layers * moe_per_block;
+  }
   m.activations = 2 * 4 * tokens * per_token;
   // Every parameter tensor's bookkeeping (names, shards, Adam state, buffers): about 1 KiB.
   m.bookkeeping = 1024.0 * (5 + 12 * layers);

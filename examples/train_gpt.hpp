@@ -231,11 +231,13 @@ void resolve_arch(flags& f);
 // follows it and says so (on `root`).
 void resolve_schedule(flags& f, const zest::json::value* saved, bool root);
 
-// The run's settings in the log. A resumed run (--load) appends to the log it continues,
+// The run's settings in the log, with the memory estimated before the run
+// ("memory_estimate_per_rank"). A resumed run (--load) appends to the log it continues,
 // after dropping the steps that log has beyond the checkpoint's `step`.
 zest::report::training_log start_log(const flags& f, std::size_t vocab, const std::string& mesh,
                                      std::size_t params, double entropy,
-                                     std::int64_t model_state_bytes, std::int64_t step);
+                                     std::int64_t model_state_bytes, const memory_need& estimate,
+                                     std::int64_t step);
 
 // A step's entry in the log.
 zest::json::value step_record(std::int64_t step, const zest::train_step_result& r,
@@ -348,7 +350,8 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   }
 
   zest::report::training_log log =
-      start_log(f, data.vocab_size(), described, params, entropy, model_state_bytes, step);
+      start_log(f, data.vocab_size(), described, params, entropy, model_state_bytes,
+                estimate_memory(f, mesh_sizes(f, mesh.world_size())), step);
 
   zest::report::progress_line progress(f.steps, (root && !f.quiet) ? stdout : nullptr);
   const double tokens_per_step = static_cast<double>(f.batch * f.context);

@@ -24,11 +24,14 @@
       master weights, Adam moments) to 1e-5 relative (absolute below 1); the loss decreases;
       the log names the model (--arch and its config). An entry N/tpK/spJ of --ranks runs
       N ranks with --tp K and --sp J (either may be left out; the data axis takes the rest);
-      the log's mesh must say so.
+      the log's mesh must say so. Every run's peak bytes stay within the memory estimated
+      before it, and the activations estimated per rank are less than the 1-rank run's
+      and at least 1/N of them.
   train_gpt_checks.py recompute --dir D -- PREFIX...
       PREFIX --recompute none, selective and full (20 steps, --log, --save): the same
       losses and every checkpoint tensor bit for bit, the same bytes sent per step, a lower
-      peak under selective than none and under full than selective; the log names the mode.
+      peak under selective than none and under full than selective, as the memory estimated
+      before each run says, and each peak within that estimate; the log names the mode.
   train_gpt_checks.py trains --dir D -- COMMAND...
       COMMAND (a run with --steps) trains: its applied steps' losses are finite and the last
       ones lower than the first ones.
@@ -297,6 +300,20 @@ def compare_runs(what, ref_log, ref_ckpt, log, ckpt):
     return worst_loss, worst_value, len(ref)
 
 
+def estimate_holds(what, j):
+    """The memory estimated before the run bounds the peak of every step; the estimate."""
+    need = j["run"].get("memory_estimate_per_rank")
+    if not isinstance(need, dict) or not all(
+            isinstance(need.get(k), (int, float)) and need[k] > 0
+            for k in ("model_states", "activations", "bookkeeping", "total")):
+        fail("%s: the log has no memory estimate: %r" % (what, need))
+    peak = max(s["peak_bytes"] for s in j["steps"])
+    if not peak <= need["total"]:
+        fail("%s: a step's peak of %d bytes exceeds the %d bytes estimated before the run (%r)"
+             % (what, peak, need["total"], need))
+    return need
+
+
 def cmd_ranks(a):
     fresh(a.dir)
     ranks = []
@@ -314,6 +331,7 @@ def cmd_ranks(a):
         ref_ckpt = os.path.join(a.dir, "zero%d_np1" % stage)
         run(mpi(1) + base + ["--log", ref_log, "--save", ref_ckpt])
         j = read_log(ref_log)
+        ref_need = estimate_holds("ZeRO-%d on 1 rank" % stage, j)
         losses = [s["loss"] for s in j["steps"]]
         if not losses[-1] < losses[0] - 0.3:
             fail("ZeRO-%d: the loss does not decrease: %r" % (stage, losses))
@@ -329,12 +347,18 @@ def cmd_ranks(a):
             ckpt = os.path.join(a.dir, name)
             extra = [w for axis, k in sizes.items() for w in ("--" + axis, str(k))]
             run(mpi(n) + base + extra + ["--log", log, "--save", ckpt])
-            mesh = read_log(log)["run"].get("mesh", "")
+            j = read_log(log)
+            mesh = j["run"].get("mesh", "")
             for axis, k in sizes.items():
                 if ("%s=%d" % (axis, k)) not in mesh:
                     fail("%s: the log's mesh %r has no %s=%d" % (name, mesh, axis, k))
             what = "ZeRO-%d on %d ranks%s" % (
                 stage, n, "".join(", %s %d" % kv for kv in sizes.items()))
+            need = estimate_holds(what, j)
+            if not ref_need["activations"] / n <= need["activations"] < ref_need["activations"]:
+                fail("%s: %g activation bytes estimated per rank, against %g on 1 rank: not "
+                     "between 1/%d of it and all of it" %
+                     (what, need["activations"], ref_need["activations"], n))
             worst_loss, worst_value, count = compare_runs(what, ref_log, ref_ckpt, log, ckpt)
             print("%s: 20 losses within %.2e, %d tensors within %.2e of 1 rank"
                   % (what, worst_loss, count, worst_value), flush=True)
@@ -342,7 +366,7 @@ def cmd_ranks(a):
 
 def cmd_recompute(a):
     fresh(a.dir)
-    runs = {}
+    runs, needs = {}, {}
     for mode in ("none", "selective", "full"):
         log, ckpt = os.path.join(a.dir, mode + ".json"), os.path.join(a.dir, mode)
         run(a.run + ["--steps", "20", "--recompute", mode, "--log", log, "--save", ckpt])
@@ -350,6 +374,7 @@ def cmd_recompute(a):
         if j["run"].get("recompute") != mode:
             fail("the log of --recompute %s says %r" % (mode, j["run"].get("recompute")))
         runs[mode] = (j["steps"], read_checkpoint(ckpt))
+        needs[mode] = estimate_holds("--recompute " + mode, j)
     ref_steps, ref_ckpt = runs["none"]
     for mode in ("selective", "full"):
         steps, ckpt = runs[mode]
@@ -362,6 +387,10 @@ def cmd_recompute(a):
     peaks = [max(s["peak_bytes"] for s in runs[m][0]) for m in ("none", "selective", "full")]
     if not peaks[0] > peaks[1] > peaks[2]:
         fail("peak bytes none, selective, full: %r (expected decreasing)" % peaks)
+    estimated = [needs[m]["activations"] for m in ("none", "selective", "full")]
+    if not estimated[0] > estimated[1] > estimated[2]:
+        fail("estimated activation bytes none, selective, full: %r (expected decreasing)"
+             % estimated)
     print("20 steps: selective and full equal none bit for bit (%d tensors); peak bytes %r"
           % (len(ref_ckpt), peaks))
 
