@@ -104,7 +104,7 @@ TEST_CASE("the cache stays within its limit") {
   { host_vector<float> big(n + 16); }      // a larger block fits no more...
   CHECK(memory::cached_bytes() == block);
   memory::set_cache_limit(bigger);
-  { host_vector<float> big(n + 16); }  // ...until the limit lets it in,
+  { host_vector<float> big(n + 16); }       // ...until the limit lets it in,
   CHECK(memory::cached_bytes() == bigger);  // evicting the smaller one
   memory::set_cache_limit(0);
   CHECK(memory::cached_bytes() == 0);

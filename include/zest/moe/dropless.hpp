@@ -162,7 +162,7 @@ struct dropless_state {
   std::vector<std::size_t> rows, offsets;          // per local expert: rows received, first row
   std::shared_ptr<index_routes<B>> routes;         // the indices, copied
   typename B::template buffer<std::int64_t> base;  // [G_l][E]
-  buffer_t<B, T> x, h, a, y_back;  // x, h, a expert-major; y_back send order
+  buffer_t<B, T> x, h, a, y_back;                  // x, h, a expert-major; y_back send order
   choice_rows at() const {
     return {routes->expert.data(), routes->slot.data(), base.data(),
             routes->experts,       tokens * k,          k};

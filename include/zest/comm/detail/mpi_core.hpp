@@ -52,14 +52,13 @@ class mpi_core {
     }
     std::array<MPI_Comm, 3> dups{};
     check_code(duplicate_politely(comm, dups), "MPI_Comm_idup");
-    data_ = dups[0];
-    check_ = dups[1];
-    report_ = dups[2];
+    std::array<owned_comm, 3> held;  // freed if anything below throws
+    for (std::size_t i = 0; i < dups.size(); ++i) held[i].comm = dups[i];
     // Errors come back as codes and leave as communicator_error naming the axis.
-    for (MPI_Comm c : {data_, check_, report_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    for (MPI_Comm c : dups) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     int size = 0, rank = 0;
-    MPI_Comm_size(data_, &size);
-    MPI_Comm_rank(data_, &rank);
+    MPI_Comm_size(dups[0], &size);
+    MPI_Comm_rank(dups[0], &rank);
     size_ = static_cast<std::size_t>(size);
     rank_ = static_cast<std::size_t>(rank);
     // The world ranks of this communicator's ranks, for messages.
@@ -67,11 +66,15 @@ class mpi_core {
     std::vector<int> mine(size_);
     for (std::size_t r = 0; r < size_; ++r) mine[r] = static_cast<int>(r);
     MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
-    MPI_Comm_group(data_, &group);
+    MPI_Comm_group(dups[0], &group);
     MPI_Comm_group(MPI_COMM_WORLD, &world);
     MPI_Group_translate_ranks(group, size, mine.data(), world, world_ranks_.data());
     MPI_Group_free(&group);
     MPI_Group_free(&world);
+    for (owned_comm& c : held) c.comm = MPI_COMM_NULL;  // the core owns them from here
+    data_ = dups[0];
+    check_ = dups[1];
+    report_ = dups[2];
   }
 
   mpi_core(const mpi_core&) = delete;
