@@ -7,8 +7,12 @@
 // non-blocking ones, and MPI_Wait and MPI_Test. zest's communicators start every collective
 // as a non-blocking one and poll it (zest/comm/detail/mpi_core.hpp), so a wait or a test is
 // counted towards the collective whose request it is: an all-to-all's seconds are its start
-// and every poll of it. Calls on requests of anything else (checked mode's exchanges, the
-// watchdog's reports, communicator creation) count as `other`.
+// and every poll of it. What is counted is the time inside these calls: not the pauses
+// zest's backoff makes between two polls of a request that is not done (none for the first
+// 64 polls, then yields, then 20 us sleeps), so a long wait reads short. Checked mode's
+// fingerprint exchanges are all-gathers and count as such; the polls of other requests
+// (communicator creation) count as `other`; the watchdog's point-to-point reports are not
+// wrapped.
 //
 //   const double before = bench_mpi::seconds(bench_mpi::op::all_to_all);
 //   ... step ...

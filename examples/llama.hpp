@@ -103,15 +103,22 @@ inline llama_options checked(llama_options o) {
 
 // The parameter list of the model as the ZeRO planner sees it (zest/zero/planner.hpp), from
 // the options alone: what train_gpt plans before it builds anything. The names and extents
-// are those the model registers (llama<P>::shape() returns the same list).
-inline zest::model_shape llama_shape(const llama_options& options, std::string name = "llama") {
+// are those the model registers (llama<P>::shape() returns the same list). With tp > 1, the
+// blocks of one rank of tp (rank 0, the largest where a split is uneven): the kv heads, the
+// SwiGLU's hidden width and the vocabulary split, the norms whole.
+inline zest::model_shape llama_shape(const llama_options& options, std::size_t tp = 1,
+                                     std::string name = "llama") {
   const llama_options o = checked(options);
-  const std::size_t w = o.width, d = o.width / o.heads, k = o.kv_heads, g = o.heads / k;
+  if (tp == 0) throw zest::shape_error("llama: llama_shape: tp must be at least 1");
+  const auto share = [&](std::size_t n) { return (n + tp - 1) / tp; };
+  const std::size_t w = o.width, d = o.width / o.heads, k = share(o.kv_heads),
+                    g = o.heads / o.kv_heads;
   zest::model_shape m{std::move(name), {}};
   const auto add = [&](std::string n, std::vector<std::size_t> e) {
     m.parameters.push_back({std::move(n), std::move(e)});
   };
-  add("wte", {o.vocab, w});
+  const std::size_t hidden = share(o.hidden), vocab = share(o.vocab);
+  add("wte", {vocab, w});
   if (o.tied_head) add("norm_f.weight", {w});
   for (std::size_t l = 0; l < o.layers; ++l) {
     std::string p = "h";  // appended: g++ 12 warns falsely (-Wrestrict) on "h" + ...
@@ -122,13 +129,13 @@ inline zest::model_shape llama_shape(const llama_options& options, std::string n
     add(p + ".attn.v.weight", {w, k, d});
     add(p + ".attn.o.weight", {k, g, d, w});
     add(p + ".mlp_norm.weight", {w});
-    add(p + ".mlp.gate.weight", {w, o.hidden});
-    add(p + ".mlp.up.weight", {w, o.hidden});
-    add(p + ".mlp.down.weight", {o.hidden, w});
+    add(p + ".mlp.gate.weight", {w, hidden});
+    add(p + ".mlp.up.weight", {w, hidden});
+    add(p + ".mlp.down.weight", {hidden, w});
   }
   if (!o.tied_head) {
     add("norm_f.weight", {w});
-    add("lm_head.weight", {w, o.vocab});
+    add("lm_head.weight", {w, vocab});
   }
   return m;
 }

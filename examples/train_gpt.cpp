@@ -660,9 +660,10 @@ std::array<int, 4> mesh_sizes(const flags& f, int world) {
 
 memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   memory_need m;
-  // Rank 0: the one that holds the most. The planner's model has every parameter replicated
-  // off the data axis: with --tp, an upper bound.
+  // Rank 0: the one that holds the most. The planner plans its blocks over tp (the model's
+  // shape with tp) under ZeRO over dp.
   const zest::mesh_shape<"dp", "ep"> mesh(std::array<int, 2>{sizes[0], sizes[1]});
+  const auto tp_ranks = static_cast<std::size_t>(sizes[2]);
   const zest::training_precision& precision =
       f.precision == "fp32" ? zest::fp32_adam : zest::mixed_precision_adam;
   // The planner's figure is a sum over parameters, and the blocks are alike: plan one and
@@ -674,8 +675,8 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
       g.layers = layers;
       resolve_arch(g);
       return static_cast<double>(
-          zest::plan_zero(f.zero, llama_example::llama_shape(llama_options_of(g, 256)), mesh,
-                          precision)
+          zest::plan_zero(f.zero, llama_example::llama_shape(llama_options_of(g, 256), tp_ranks),
+                          mesh, precision)
               .memory.total());
     }
     zest::gpt_config c;
@@ -684,6 +685,8 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
     c.width = f.width;
     c.layers = layers;
     c.tied_output = false;  // zest::gpt has its own lm_head
+    c.heads = f.heads;
+    c.tp = tp_ranks;
     return static_cast<double>(
         zest::plan_zero(f.zero, zest::gpt_model(c), mesh, precision).memory.total());
   };
@@ -715,18 +718,26 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   // vocabulary) and Ulysses' all-to-alls give sp a share of the heads.
   const double tokens = std::ceil(static_cast<double>(f.batch) / (sizes[0] * sizes[1])) *
                         std::ceil(static_cast<double>(f.context) / (sizes[2] * sizes[3]));
-  // llama: the block's input, two norms, q, k, v and their rotations, the attention output
-  // and projection (about 10 widths at most), and the SwiGLU's gate, up, silu and product.
-  // Two of these widths, the normalised inputs of the attention and of the MLP, are kept as
-  // tp gathered them: the whole sequence on every rank of tp.
+  // Per block, GPT: the block's input, the normalised inputs, the attention's projection,
+  // the residual sums and the MLP's hidden layer before and after GELU (12 widths), and q,
+  // k, v and the attention output (4 widths). llama: the block's input, the projection and
+  // the residual sum (2 widths), the SwiGLU's gate, up, silu and product (4 hidden widths),
+  // and q, k, v, their rotations and the attention output (6 widths). Two widths, the
+  // normalised inputs of the attention and of the MLP, are kept as tp gathered them: the
+  // whole sequence on every rank of tp. The attention's widths and scores are per head: a
+  // rank of tp holds ceil(heads / tp) of them (llama: of the kv heads, with their groups),
+  // more than its share where tp does not divide them.
   const double tp = sizes[2];
+  const bool llama = f.arch == "llama";
+  const double heads = static_cast<double>(llama && f.kv_heads != 0 ? f.kv_heads : f.heads);
+  const double head_share = std::ceil(heads / tp) * tp / heads;
   const double per_block_widths =
-      (f.arch == "llama"
-           ? 8 * w + 4 * static_cast<double>(f.hidden == 0 ? llama_example::default_hidden(f.width)
-                                                           : f.hidden)
-           : 16 * w) +
-      2 * w * tp;
-  const double per_block_scores = 2 * static_cast<double>(f.heads) * static_cast<double>(f.context);
+      (llama ? 2 * w + 4 * static_cast<double>(
+                               f.hidden == 0 ? llama_example::default_hidden(f.width) : f.hidden)
+             : 12 * w) +
+      (llama ? 6 : 4) * w * head_share + 2 * w * tp;
+  const double per_block_scores =
+      2 * static_cast<double>(f.heads) * static_cast<double>(f.context) * head_share;
   // An expert layer's router probabilities, its dispatched and combined tokens and its
   // experts' hidden activations: the layer sees the whole sequence on every rank of tp and
   // sp.
@@ -740,7 +751,7 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   // block at a time.
   double per_token = 3 * 256 + w * tp;  // the logits and the final norm's gathered output
   if (f.recompute == "full") {
-    per_token += layers * w + per_block_widths + per_block_scores;
+    per_token += layers * w + per_block_widths + per_block_scores + moe_per_block;
   } else if (f.recompute == "selective") {
     per_token += layers * per_block_widths + moe_layers * moe_per_block + per_block_scores;
   } else {

@@ -301,12 +301,17 @@ def compare_runs(what, ref_log, ref_ckpt, log, ckpt):
 
 
 def estimate_holds(what, j):
-    """The memory estimated before the run bounds the peak of every step; the estimate."""
+    """The memory estimated before the run bounds the model states and the peak of every
+    step; the estimate."""
     need = j["run"].get("memory_estimate_per_rank")
     if not isinstance(need, dict) or not all(
             isinstance(need.get(k), (int, float)) and need[k] > 0
             for k in ("model_states", "activations", "bookkeeping", "total")):
         fail("%s: the log has no memory estimate: %r" % (what, need))
+    states = j["run"]["model_state_bytes_per_rank"]
+    if not states <= need["model_states"]:
+        fail("%s: the model states take %d bytes, more than the %d estimated before the run"
+             % (what, states, need["model_states"]))
     peak = max(s["peak_bytes"] for s in j["steps"])
     if not peak <= need["total"]:
         fail("%s: a step's peak of %d bytes exceeds the %d bytes estimated before the run (%r)"
