@@ -660,54 +660,34 @@ std::array<int, 4> mesh_sizes(const flags& f, int world) {
 
 memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   memory_need m;
-  // Rank 0: the one that holds the most. The planner plans its blocks over tp (the model's
-  // shape with tp) under ZeRO over dp.
+  // Rank 0: the one that holds the most. The planner plans its blocks over tp and ep (the
+  // model's shape for them: zest::gpt_shape, llama_shape) under ZeRO over dp.
   const zest::mesh_shape<"dp", "ep"> mesh(std::array<int, 2>{sizes[0], sizes[1]});
   const auto tp_ranks = static_cast<std::size_t>(sizes[2]);
   const zest::training_precision& precision =
       f.precision == "fp32" ? zest::fp32_adam : zest::mixed_precision_adam;
-  // The planner's figure is a sum over parameters, and the blocks are alike: plan one and
-  // two blocks, and take the model of `layers` blocks from them (the largest byte vocabulary,
-  // 256, stands for the corpus's, not read yet).
+  // The planner's figure is a sum over parameters, and the blocks are alike but for the
+  // expert layers (blocks 1, 3, 5, ...): plan one, two and three blocks, and take the model
+  // of `layers` blocks from them (the largest byte vocabulary, 256, stands for the corpus's,
+  // not read yet).
   const auto plan_of = [&](std::size_t layers) {
-    if (f.arch == "llama") {
-      flags g = f;
-      g.layers = layers;
-      resolve_arch(g);
-      return static_cast<double>(
-          zest::plan_zero(f.zero, llama_example::llama_shape(llama_options_of(g, 256), tp_ranks),
-                          mesh, precision)
-              .memory.total());
-    }
-    zest::gpt_config c;
-    c.vocab = 256;
-    c.context = f.context;
-    c.width = f.width;
-    c.layers = layers;
-    c.tied_output = false;  // zest::gpt has its own lm_head
-    c.heads = f.heads;
-    c.tp = tp_ranks;
-    return static_cast<double>(
-        zest::plan_zero(f.zero, zest::gpt_model(c), mesh, precision).memory.total());
+    flags g = f;
+    g.layers = layers;
+    resolve_arch(g);
+    const zest::model_shape shape =
+        f.arch == "llama" ? llama_example::llama_shape(llama_options_of(g, 256), tp_ranks)
+                          : zest::gpt_shape(gpt_arch::options(g, 256), tp_ranks,
+                                            static_cast<std::size_t>(sizes[1]));
+    return static_cast<double>(zest::plan_zero(f.zero, shape, mesh, precision).memory.total());
   };
-  const double one = plan_of(1);
-  const double per_block = plan_of(2) - one;
+  const double one = plan_of(1), two = plan_of(2), three = plan_of(3);
+  const double dense_block = three - two, odd_block = two - one;  // odd: an expert layer
   const double layers = static_cast<double>(f.layers);
-  m.model_states = one + (layers - 1) * per_block;
+  m.model_states =
+      one - dense_block + std::ceil(layers / 2) * dense_block + std::floor(layers / 2) * odd_block;
   const double w = static_cast<double>(f.width);
   const double hidden = 4 * w;
   const double moe_layers = f.moe ? std::floor(layers / 2) : 0;
-  if (f.moe) {
-    // Each rank of the expert axis holds its experts whole (an upper bound: the data axis
-    // may shard them further).
-    const double experts_here = std::ceil(static_cast<double>(f.experts) / sizes[1]);
-    const double bytes_per_parameter =
-        static_cast<double>(precision.parameter_bytes + precision.gradient_bytes + precision.k());
-    m.model_states +=
-        moe_layers *
-        (experts_here * (2 * w * hidden + hidden + w) + w * static_cast<double>(f.experts)) *
-        bytes_per_parameter;
-  }
   // Activations: what the tape keeps per token and block (the block's inputs, normalised
   // inputs, q, k, v, attention output and projection, the MLP's hidden layer before and
   // after its activation: about 18 widths) and the attention's scores and weights (2 heads
@@ -725,12 +705,14 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   // and q, k, v, their rotations and the attention output (6 widths). Two widths, the
   // normalised inputs of the attention and of the MLP, are kept as tp gathered them: the
   // whole sequence on every rank of tp. The attention's widths and scores are per head: a
-  // rank of tp holds ceil(heads / tp) of them (llama: of the kv heads, with their groups),
-  // more than its share where tp does not divide them.
+  // rank holds ceil(ceil(heads / tp) / sp) of them (llama: of the kv heads, with their
+  // groups; Ulysses splits the heads over sp inside tp), more than its share where tp and
+  // sp do not divide them.
   const double tp = sizes[2];
   const bool llama = f.arch == "llama";
   const double heads = static_cast<double>(llama && f.kv_heads != 0 ? f.kv_heads : f.heads);
-  const double head_share = std::ceil(heads / tp) * tp / heads;
+  const double sp = sizes[3];
+  const double head_share = std::ceil(std::ceil(heads / tp) / sp) * tp * sp / heads;
   const double per_block_widths =
       (llama ? 2 * w + 4 * static_cast<double>(
                                f.hidden == 0 ? llama_example::default_hidden(f.width) : f.hidden)

@@ -84,6 +84,47 @@ comm_stats tp_traffic(const tp_mesh& mesh) {
   return mesh.axis(1).stats() - before;
 }
 
+// gpt_shape: the model's parameter list from its options alone (what train_gpt plans before
+// it builds anything) equals what the model registers: on one rank its names and extents,
+// and with the world as tp (heads, vocabulary and hidden width not dividing by 4) the
+// elements of each block rank 0 holds, the largest of any rank's.
+TEST_CASE("gpt_shape: the parameters the model registers, and rank 0's blocks over tp") {
+  gpt_options o = small_gpt();
+  const auto one = make_single_mesh<tp_mesh>();
+  {
+    zero_engine<policy> engine(one, {.seed = 1});
+    const gpt<policy> model(engine, o);
+    const model_shape built = model.shape(), listed = gpt_shape(o);
+    REQUIRE(built.parameters.size() == listed.parameters.size());
+    for (std::size_t i = 0; i < built.parameters.size(); ++i) {
+      CAPTURE(built.parameters[i].name);
+      CHECK(listed.parameters[i].name == built.parameters[i].name);
+      CHECK(listed.parameters[i].extents == built.parameters[i].extents);
+    }
+  }
+  o.width = 48;
+  o.heads = 6;      // 2, 2, 1, 1 heads over 4 ranks
+  o.vocab = 90;     // 23, 23, 22, 22 rows
+  o.mlp_ratio = 3;  // hidden 144: 36 each
+  const tp_mesh mesh(MPI_COMM_WORLD, {1, -1});
+  const auto tp = static_cast<std::size_t>(mesh.size(1));
+  zero_engine<policy> engine(mesh, {.seed = 1});
+  const gpt<policy> model(engine, o);
+  const model_shape listed = gpt_shape(o, tp);
+  const auto& held = engine.parameters();
+  REQUIRE(held.size() == listed.parameters.size());
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    CAPTURE(held[i]->name());
+    CHECK(listed.parameters[i].name == held[i]->name());
+    const std::size_t here = held[i]->stored_block().size();  // dp = 1: the whole tp block
+    if (mesh.rank() == 0) CHECK(here == listed.parameters[i].elements());
+    CHECK(here <= listed.parameters[i].elements());
+  }
+  CHECK_THROWS_AS(gpt_shape(o, 0), shape_error);
+  o.heads = 5;  // 48 is not a multiple of 5
+  CHECK_THROWS_AS(gpt_shape(o, tp), shape_error);
+}
+
 // Per rank and step, with P = tp, A = b s h of this dp rank's batch, R = b s its rows,
 // L layers, and the ring model's counts (communicator.hpp; every size here divides by P):
 //   TP   all-reduces: (4L + 2) A (attention's and the MLP's output forward, their input

@@ -131,30 +131,6 @@ TEST_CASE("gpt_model: GPT-2 small has 124,439,808 parameters") {
   CHECK(gpt_model(untied).parameter_count() == 124'439'808ULL + 50257ULL * 768);
 }
 
-TEST_CASE("gpt_model with tp: one rank's blocks, the largest where a split is uneven") {
-  // By hand, per rank of tp: a heads' share a (x 64 dims), an MLP share f, a vocabulary
-  // share v; per layer two norms (2 x 768 each), qkv 768 x 3a + 3a, proj a x 768 + 768,
-  // fc 768 x f + f, proj f x 768 + 768; outside, wte v x 768, wpe 1024 x 768, ln_f 2 x 768,
-  // lm_head 768 x v.
-  const auto by_hand = [](std::uint64_t a, std::uint64_t f, std::uint64_t v) {
-    const std::uint64_t layer =
-        4 * 768 + (768 * 3 * a + 3 * a) + (a * 768 + 768) + (768 * f + f) + (f * 768 + 768);
-    return v * 768 + 1024 * 768 + 12 * layer + 2 * 768 + 768 * v;
-  };
-  gpt_config c = gpt2_small;
-  c.tied_output = false;
-  CHECK(gpt_model(c).parameter_count() == by_hand(768, 3072, 50257));
-  c.tp = 4;  // 3 heads, 768 of the MLP, 12,565 of the vocabulary (rank 0: the remainder's)
-  CHECK(gpt_model(c).parameter_count() == by_hand(3 * 64, 768, 12'565));
-  c.tp = 5;  // uneven: 3 of 12 heads, 615 of 3072, 10,052 of 50,257
-  CHECK(gpt_model(c).parameter_count() == by_hand(3 * 64, 615, 10'052));
-  c.heads = 7;  // 768 is not a multiple of 7
-  CHECK_THROWS_AS(gpt_model(c), shape_error);
-  c.heads = 12;
-  c.tp = 0;
-  CHECK_THROWS_AS(gpt_model(c), shape_error);
-}
-
 TEST_CASE("planner: the ZeRO table's formulas exactly when N_d divides every split") {
   struct setting {
     std::uint64_t psi;

@@ -26,6 +26,7 @@
 
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
+#include "zest/core/error.hpp"
 #include "zest/core/random.hpp"
 #include "zest/nn/block.hpp"
 #include "zest/nn/embedding.hpp"
@@ -55,6 +56,62 @@ struct gpt_options {
   double aux_weight = 0.01;
   double z_loss_weight = 0;
 };
+
+// The parameter list of gpt<P> as the ZeRO planner sees it (zest/zero/planner.hpp), from the
+// options alone, in the order the model registers it: with tp = ep = 1, gpt<P>::shape()'s
+// list. With tp or ep > 1, the blocks rank 0 holds (the largest where a split is uneven): on
+// tp, the heads, the MLP's hidden width and the vocabulary, split as the layers split them
+// (zest/nn/tensor_parallel.hpp), the norms, the position table, the row-parallel biases, the
+// router and the experts whole; on ep, the experts. What a rank plans before it builds.
+inline model_shape gpt_shape(const gpt_options& o, std::size_t tp = 1, std::size_t ep = 1,
+                             std::string name = "gpt") {
+  if (tp == 0 || ep == 0 || o.heads == 0 || o.width % o.heads != 0) {
+    throw shape_error(detail::message("zest: gpt_shape: tp ", tp, ", ep ", ep, ", ", o.heads,
+                                      " heads of width ", o.width,
+                                      ": tp and ep must be at least 1, and the heads must "
+                                      "divide the width"));
+  }
+  const auto share = [](std::size_t n, std::size_t parts) { return (n + parts - 1) / parts; };
+  const std::size_t w = o.width, d = w / o.heads, heads = share(o.heads, tp);
+  const std::size_t hidden = o.mlp_ratio * w, vocab = share(o.vocab, tp);
+  model_shape m{std::move(name), {}};
+  const auto add = [&](std::string n, std::vector<std::size_t> e) {
+    m.parameters.push_back({std::move(n), std::move(e)});
+  };
+  add("wte", {vocab, w});
+  add("wpe", {o.context, w});
+  for (std::size_t l = 0; l < o.layers; ++l) {
+    std::string p = "h";  // appended: g++ 12 warns falsely (-Wrestrict) on "h" + ...
+    p += std::to_string(l);
+    add(p + ".ln_1.weight", {w});
+    add(p + ".ln_1.bias", {w});
+    for (const char* qkv : {".attn.q", ".attn.k", ".attn.v"}) {
+      add(p + qkv + ".weight", {w, heads, d});
+      add(p + qkv + ".bias", {heads, d});
+    }
+    add(p + ".attn.proj.weight", {heads, d, w});
+    add(p + ".attn.proj.bias", {w});
+    add(p + ".ln_2.weight", {w});
+    add(p + ".ln_2.bias", {w});
+    if (o.moe && o.moe_every > 0 && l % o.moe_every == o.moe_every - 1) {
+      const std::size_t experts = share(o.experts, ep);
+      add(p + ".moe.gate.weight", {w, o.experts});
+      add(p + ".moe.experts.fc.weight", {experts, w, hidden});
+      add(p + ".moe.experts.proj.weight", {experts, hidden, w});
+      add(p + ".moe.experts.fc.bias", {experts, hidden});
+      add(p + ".moe.experts.proj.bias", {experts, w});
+    } else {
+      add(p + ".mlp.fc.weight", {w, share(hidden, tp)});
+      add(p + ".mlp.fc.bias", {share(hidden, tp)});
+      add(p + ".mlp.proj.weight", {share(hidden, tp), w});
+      add(p + ".mlp.proj.bias", {w});
+    }
+  }
+  add("ln_f.weight", {w});
+  add("ln_f.bias", {w});
+  add("lm_head.weight", {w, vocab});
+  return m;
+}
 
 template <training_policy_type P>
 class gpt {
@@ -249,7 +306,8 @@ class gpt {
     }
   }
 
-  // The parameter list as the planner sees it (zest/zero/planner.hpp).
+  // The parameter list as the planner sees it (zest/zero/planner.hpp); gpt_shape gives the
+  // same from the options alone.
   model_shape shape(std::string name = "gpt") const {
     model_shape m{std::move(name), {}};
     for (const auto* p : engine_->parameters()) {

@@ -98,13 +98,6 @@ struct gpt_config {
   std::size_t layers = 12;
   std::size_t mlp_ratio = 4;
   bool tied_output = true;  // the output projection reuses the token embedding (GPT-2)
-  // Tensor parallelism: with tp > 1 the list is the block of one rank of tp (rank 0, which
-  // holds the largest where a split is uneven), split the way zest's layers split it
-  // (zest/nn/tensor_parallel.hpp): attention by heads, the MLP's hidden width, the token
-  // table and the head by vocabulary; norms, the position table and the row-parallel
-  // layers' biases whole.
-  std::size_t heads = 12;
-  std::size_t tp = 1;
 };
 inline constexpr gpt_config gpt2_small{};
 
@@ -113,26 +106,15 @@ inline constexpr gpt_config gpt2_small{};
 //   per layer: ln_1 (weight, bias) [m]; attn.qkv [m, 3m] + [3m]; attn.proj [m, m] + [m];
 //              ln_2 [m] x 2; mlp.fc [m, rm] + [rm]; mlp.proj [rm, m] + [m];
 //   ln_f [m] x 2; lm_head [m, vocab] unless tied.
-// gpt2_small gives 124,439,808 parameters. With tp > 1, one rank's blocks: m' = (m / heads)
-// x ceil(heads / tp) in place of m in qkv and proj's input, ceil(rm / tp) in place of rm,
-// ceil(vocab / tp) in place of vocab.
+// gpt2_small gives 124,439,808 parameters.
 inline model_shape gpt_model(const gpt_config& c, std::string name = "gpt") {
-  if (c.tp == 0 || (c.tp > 1 && (c.heads == 0 || c.width % c.heads != 0))) {
-    throw shape_error(detail::message("zest: gpt_model: tp ", c.tp, " with ", c.heads,
-                                      " heads of width ", c.width,
-                                      ": tp must be at least 1, and with tp > 1 the heads must "
-                                      "divide the width"));
-  }
   model_shape m{std::move(name), {}};
   const std::size_t w = c.width;
-  const auto share = [&](std::size_t n) { return (n + c.tp - 1) / c.tp; };
-  const std::size_t h = share(c.mlp_ratio * w);
-  const std::size_t attention = c.tp == 1 ? w : w / c.heads * share(c.heads);
-  const std::size_t vocab = share(c.vocab);
+  const std::size_t h = c.mlp_ratio * w;
   auto add = [&](std::string n, std::vector<std::size_t> e) {
     m.parameters.push_back({std::move(n), std::move(e)});
   };
-  add("wte", {vocab, w});
+  add("wte", {c.vocab, w});
   add("wpe", {c.context, w});
   for (std::size_t l = 0; l < c.layers; ++l) {
     std::string p = "h";  // appended, not "h" + ...: g++ 12 warns falsely (-Wrestrict) on that
@@ -140,9 +122,9 @@ inline model_shape gpt_model(const gpt_config& c, std::string name = "gpt") {
     p += '.';
     add(p + "ln_1.weight", {w});
     add(p + "ln_1.bias", {w});
-    add(p + "attn.qkv.weight", {w, 3 * attention});
-    add(p + "attn.qkv.bias", {3 * attention});
-    add(p + "attn.proj.weight", {attention, w});
+    add(p + "attn.qkv.weight", {w, 3 * w});
+    add(p + "attn.qkv.bias", {3 * w});
+    add(p + "attn.proj.weight", {w, w});
     add(p + "attn.proj.bias", {w});
     add(p + "ln_2.weight", {w});
     add(p + "ln_2.bias", {w});
@@ -153,7 +135,7 @@ inline model_shape gpt_model(const gpt_config& c, std::string name = "gpt") {
   }
   add("ln_f.weight", {w});
   add("ln_f.bias", {w});
-  if (!c.tied_output) add("lm_head", {w, vocab});
+  if (!c.tied_output) add("lm_head", {w, c.vocab});
   return m;
 }
 
