@@ -674,10 +674,15 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
     flags g = f;
     g.layers = layers;
     resolve_arch(g);
-    const zest::model_shape shape =
-        f.arch == "llama" ? llama_example::llama_shape(llama_options_of(g, 256), tp_ranks)
-                          : zest::gpt_shape(gpt_arch::options(g, 256), tp_ranks,
-                                            static_cast<std::size_t>(sizes[1]));
+    zest::model_shape shape = f.arch == "llama"
+                                  ? llama_example::llama_shape(llama_options_of(g, 256), tp_ranks)
+                                  : zest::gpt_shape(gpt_arch::options(g, 256), tp_ranks,
+                                                    static_cast<std::size_t>(sizes[1]));
+    // ZeRO splits an expert parameter on its second dim (the layer's split_dim_named: its
+    // first, the experts, is split over ep), where the planner splits the first: swap them.
+    for (auto& p : shape.parameters) {
+      if (p.name.find(".moe.experts.") != std::string::npos) std::swap(p.extents[0], p.extents[1]);
+    }
     return static_cast<double>(zest::plan_zero(f.zero, shape, mesh, precision).memory.total());
   };
   const double one = plan_of(1), two = plan_of(2), three = plan_of(3);

@@ -102,10 +102,10 @@ TEST_CASE("gpt_shape: the parameters the model registers, and rank 0's blocks ov
       CHECK(listed.parameters[i].extents == built.parameters[i].extents);
     }
   }
-  o.width = 48;
-  o.heads = 6;      // 2, 2, 1, 1 heads over 4 ranks
-  o.vocab = 90;     // 23, 23, 22, 22 rows
-  o.mlp_ratio = 3;  // hidden 144: 36 each
+  o.width = 42;
+  o.heads = 6;      // 2, 2, 1, 1 heads over 4 ranks; 3, 3 over 2
+  o.vocab = 91;     // 23, 23, 23, 22 rows; 46, 45
+  o.mlp_ratio = 3;  // hidden 126: 32, 32, 31, 31; 63, 63
   const tp_mesh mesh(MPI_COMM_WORLD, {1, -1});
   const auto tp = static_cast<std::size_t>(mesh.size(1));
   zero_engine<policy> engine(mesh, {.seed = 1});
@@ -121,7 +121,7 @@ TEST_CASE("gpt_shape: the parameters the model registers, and rank 0's blocks ov
     CHECK(here <= listed.parameters[i].elements());
   }
   CHECK_THROWS_AS(gpt_shape(o, 0), shape_error);
-  o.heads = 5;  // 48 is not a multiple of 5
+  o.heads = 5;  // 42 is not a multiple of 5
   CHECK_THROWS_AS(gpt_shape(o, tp), shape_error);
 }
 

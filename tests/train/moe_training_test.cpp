@@ -85,6 +85,30 @@ TEST_CASE("expert-parallel training equals one rank (ZeRO-1 and ZeRO-3 over dp)"
   }
 }
 
+// zest::gpt_shape with experts: on the world as ep, the names the model registers, and the
+// elements of each block rank 0 holds (its experts, every other parameter whole).
+TEST_CASE("gpt_shape lists the expert blocks a rank of ep holds") {
+  gpt_options o = moe_gpt();
+  o.layers = 3;   // blocks 0 and 2 dense, block 1 experts
+  o.experts = 8;  // 8, 4 or 2 per rank of ep
+  const ep_mesh mesh(MPI_COMM_WORLD, {1, -1});
+  using P = moe_policy<ep_mesh, 3>;
+  zero_engine<P> engine(mesh, {.seed = 1});
+  const gpt<P> model(engine, o);
+  const model_shape listed = gpt_shape(o, 1, static_cast<std::size_t>(mesh.size(1)));
+  const auto& held = engine.parameters();
+  REQUIRE(held.size() == listed.parameters.size());
+  std::size_t experts = 0;
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    CAPTURE(held[i]->name());
+    CHECK(listed.parameters[i].name == held[i]->name());
+    CHECK(held[i]->stored_block().size() == listed.parameters[i].elements());  // dp = 1
+    if (held[i]->name().find(".experts.") != std::string::npos) ++experts;
+  }
+  CHECK(experts == 4);
+  CHECK(model.moe_layer_count() == 1);
+}
+
 TEST_CASE("expert weights round-trip exactly when the expert axis changes size") {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
