@@ -658,8 +658,10 @@ std::array<int, 4> mesh_sizes(const flags& f, int world) {
   return {data / ep, ep, f.tp, f.sp};
 }
 
-memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
+memory_need estimate_memory(const flags& given, std::array<int, 4> sizes) {
   memory_need m;
+  flags f = given;
+  resolve_arch(f);  // llama: the kv heads and hidden width the model will have
   // Rank 0: the one that holds the most. The planner plans its blocks over tp and ep (the
   // model's shape for them: zest::gpt_shape, llama_shape) under ZeRO over dp.
   const zest::mesh_shape<"dp", "ep"> mesh(std::array<int, 2>{sizes[0], sizes[1]});
@@ -673,7 +675,6 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   const auto plan_of = [&](std::size_t layers) {
     flags g = f;
     g.layers = layers;
-    resolve_arch(g);
     zest::model_shape shape = f.arch == "llama"
                                   ? llama_example::llama_shape(llama_options_of(g, 256), tp_ranks)
                                   : zest::gpt_shape(gpt_arch::options(g, 256), tp_ranks,
@@ -693,11 +694,9 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   const double w = static_cast<double>(f.width);
   const double hidden = 4 * w;
   const double moe_layers = f.moe ? std::floor(layers / 2) : 0;
-  // Activations: what the tape keeps per token and block (the block's inputs, normalised
-  // inputs, q, k, v, attention output and projection, the MLP's hidden layer before and
-  // after its activation: about 18 widths) and the attention's scores and weights (2 heads
-  // x context), the logits and their softmax (3 x vocab), in fp32, and as much again for
-  // their gradients in backward. A rank holds its share of the batch (dp x ep) and of the
+  // Activations: what the tape keeps per token and block (the widths listed below) and the
+  // attention's scores and weights (2 heads x context), the logits and their softmax (3 x
+  // vocab), in fp32, and as much again for their gradients in backward. A rank holds its share of the batch (dp x ep) and of the
   // sequence over sp and tp: the stream is split along the sequence over both, and inside
   // the regions that gather it, tp splits the features (heads, the MLP's hidden layer, the
   // vocabulary) and Ulysses' all-to-alls give sp a share of the heads.
@@ -715,14 +714,11 @@ memory_need estimate_memory(const flags& f, std::array<int, 4> sizes) {
   // sp do not divide them.
   const double tp = sizes[2];
   const bool llama = f.arch == "llama";
-  const double heads = static_cast<double>(llama && f.kv_heads != 0 ? f.kv_heads : f.heads);
+  const double heads = static_cast<double>(llama ? f.kv_heads : f.heads);
   const double sp = sizes[3];
   const double head_share = std::ceil(std::ceil(heads / tp) / sp) * tp * sp / heads;
-  const double per_block_widths =
-      (llama ? 2 * w + 4 * static_cast<double>(
-                               f.hidden == 0 ? llama_example::default_hidden(f.width) : f.hidden)
-             : 12 * w) +
-      (llama ? 6 : 4) * w * head_share + 2 * w * tp;
+  const double per_block_widths = (llama ? 2 * w + 4 * static_cast<double>(f.hidden) : 12 * w) +
+                                  (llama ? 6 : 4) * w * head_share + 2 * w * tp;
   const double per_block_scores =
       2 * static_cast<double>(f.heads) * static_cast<double>(f.context) * head_share;
   // An expert layer's router probabilities, its dispatched and combined tokens and its
