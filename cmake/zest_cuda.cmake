@@ -40,7 +40,7 @@ if(CUDAToolkit_FOUND AND TARGET CUDA::cublas AND ZEST_NCCL_INCLUDE_DIR AND ZEST_
   if(NOT TARGET zest_cuda)
     add_library(zest_cuda INTERFACE)
     add_library(zest::cuda ALIAS zest_cuda)
-    target_link_libraries(zest_cuda INTERFACE zest::zest CUDA::cudart CUDA::cublas zest::nccl)
+    target_link_libraries(zest_cuda INTERFACE zest::zest CUDA::cudart_static CUDA::cublas zest::nccl)
     # C++20 for nvcc by flag: CMake before 3.28 or so knows no CUDA20 dialect flag for nvcc 13,
     # so CUDA_STANDARD 20 / cuda_std_20 fail at generate time there.
     # --expt-relaxed-constexpr: the loop bodies that kernels run (ZEST_HOST_DEVICE) call

@@ -3,4 +3,5 @@
 // with the kernels on the GPU.
 #include "zest/cuda.hpp"
 #define ZEST_TEST_DEVICE_MESH cuda_mesh
+#define ZEST_TEST_DEVICE_ROUNDING 1  // fused multiply-adds, CUDA's libm (conformance.hpp)
 #include "backend/conformance/conformance_test.cpp"

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <string>
 #include <utility>
@@ -66,14 +67,32 @@ int main(int argc, char** argv) {
   int node_ranks = 1;
   MPI_Comm_size(node, &node_ranks);
   MPI_Comm_free(&node);
-  const int devices = zest::cuda::device_count();
+  // A CUDA start that fails for any reason but "no driver" or "no device" is a failure
+  // (exit 1, CUDA's error named), never a skip.
+  int devices = 0;
+  int broken = 0;
+  try {
+    devices = zest::cuda::device_count();
+  } catch (const std::exception& e) {
+    std::printf("FAILED: rank %d: CUDA did not start: %s\n", rank, e.what());
+    std::fflush(stdout);
+    broken = 1;
+  }
+  int any_broken = 0;
+  MPI_Allreduce(&broken, &any_broken, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_broken != 0) {
+    MPI_Finalize();
+    return 1;
+  }
   int runnable = devices >= node_ranks ? 1 : 0;
   int all_runnable = 0;
   MPI_Allreduce(&runnable, &all_runnable, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (all_runnable == 0) {
     if (rank == 0) {
-      std::printf("SKIPPED: %d CUDA device(s) visible, %d rank(s) per node need one each\n",
-                  devices, node_ranks);
+      const std::string why = zest::cuda::no_device_reason();
+      std::printf("SKIPPED: no usable GPU: %d CUDA device(s) visible%s%s, %d rank(s) per node "
+                  "need one each\n",
+                  devices, why.empty() ? "" : ": ", why.c_str(), node_ranks);
       std::fflush(stdout);
     }
     MPI_Finalize();

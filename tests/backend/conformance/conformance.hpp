@@ -15,6 +15,14 @@
 // (the device sums long reductions in chunks, then the chunks in order; the loss adds every
 // term of the shard). ZEST_CONFORMANCE_REPORT=1 prints each op's worst error in units of
 // epsilon(T); ZEST_CONFORMANCE_OP=text runs only the ops whose name contains text.
+//
+// A real GPU rounds apart from the host in two ways the emulated device cannot show (seen on
+// an H200, 2026-12-04: 54 of 1189 bit-equality checks differed, all in floating values, no
+// integer): nvcc contracts a * b + c into one fused multiply-add (one rounding, not two: the
+// loss's products in double, combine's weighted sums), and CUDA's math library is not glibc's
+// (pow, exp: the gating's softmax). Where the device is a GPU (ZEST_TEST_DEVICE_ROUNDING,
+// defined by tests/cuda/cuda_autodiff_test.cu), every floating array is compared within at
+// least `gpu_rounding`; arrays of integers (indices, routes, counts) stay bit-equal.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -49,6 +57,15 @@ struct tolerance {
   double float_k = 0, double_k = 0;
 };
 inline constexpr tolerance exact{};
+
+#if defined(ZEST_TEST_DEVICE_ROUNDING)
+inline constexpr bool device_rounds_apart = true;
+#else
+inline constexpr bool device_rounds_apart = false;
+#endif
+// The least tolerance of a floating array on a GPU: a few ulp per contracted or libm-evaluated
+// term, times the terms a loss or a gradient sums (up to a few hundred here).
+inline constexpr tolerance gpu_rounding{64, 1024};
 
 // One line of the table: a name, the tolerance, the mesh it runs on (MeshRank 1: mesh<"dp">
 // of every rank; 2: mesh<"dp", "tp"> in each 2-D shape of the world) and the op, a generic
@@ -268,15 +285,23 @@ inline bool report_errors() {
   return v != nullptr && std::string_view(v) == "1";
 }
 
+inline bool integral(const std::vector<double>& v) {
+  return std::all_of(v.begin(), v.end(), [](double x) { return x == std::floor(x); });
+}
+
 template <class T>
 void compare(std::string_view name, const tolerance& tol, const outcome& host,
              const outcome& device) {
-  const double k = std::is_same_v<T, float> ? tol.float_k : tol.double_k;
+  constexpr bool is_float = std::is_same_v<T, float>;
+  const double op_k = is_float ? tol.float_k : tol.double_k;
   REQUIRE(device.size() == host.size());
   double worst = 0;
   for (std::size_t i = 0; i < host.size(); ++i) {
     CAPTURE(i);  // 0: the value, 1: the loss, then the gradients, then what was observed
     REQUIRE(device[i].size() == host[i].size());
+    double k = op_k;
+    if (device_rounds_apart && !integral(host[i]))
+      k = std::max(k, is_float ? gpu_rounding.float_k : gpu_rounding.double_k);
     const double e = relative(device[i], host[i]);
     worst = std::max(worst, e);
     if (k == 0) {
@@ -288,7 +313,7 @@ void compare(std::string_view name, const tolerance& tol, const outcome& host,
   if (report_errors() && world_rank() == 0) {
     const std::string type = std::is_same_v<T, float> ? "float" : "double";
     MESSAGE(std::string(name), " (", type, "): worst error / epsilon = ", worst / epsilon<T>(),
-            ", allowed ", k);
+            ", allowed ", op_k, device_rounds_apart ? " (a GPU's floor: more for floating arrays)" : "");
   }
 }
 

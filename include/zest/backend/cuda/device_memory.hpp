@@ -94,14 +94,27 @@ inline void check(cudaError_t code, std::string_view call) {
 // ZEST_CUDA_CHECK(cudaMemsetAsync(p, 0, n, s)) — the failing call is named in the message.
 #define ZEST_CUDA_CHECK(call) ::zest::cuda::check((call), #call)
 
-// The number of devices, or 0 when there is no usable driver or device (never throws).
+// The number of devices: 0 where this machine has no CUDA driver (cudaErrorInsufficientDriver,
+// which is also what a missing libcuda gives) or no device (cudaErrorNoDevice). Any other
+// failure of CUDA's start throws cuda_error naming it, so that a broken start on a machine
+// with a GPU never reads as "no GPU".
 inline int device_count() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    static_cast<void>(cudaGetLastError());  // clear the sticky "no device" error
-    return 0;
-  }
-  return n;
+  const cudaError_t code = cudaGetDeviceCount(&n);
+  if (code == cudaSuccess) return n;
+  static_cast<void>(cudaGetLastError());  // clear the error it leaves behind
+  if (code == cudaErrorNoDevice || code == cudaErrorInsufficientDriver) return 0;
+  check(code, "cudaGetDeviceCount");
+  return 0;
+}
+
+// Why device_count() is 0, in words naming CUDA's error; "" where it is not 0.
+inline std::string no_device_reason() {
+  int n = 0;
+  const cudaError_t code = cudaGetDeviceCount(&n);
+  static_cast<void>(cudaGetLastError());
+  if (code == cudaSuccess) return n == 0 ? std::string("the CUDA driver lists no device") : "";
+  return zest::detail::message(cudaGetErrorString(code), " (", cudaGetErrorName(code), ")");
 }
 
 inline int current_device() {
