@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (zest::cuda::device_count() == 0) {  // throws where CUDA is there but fails to start
-    std::fprintf(stderr, "bench_gpu_gemm: no usable GPU: %s\n", zest::cuda::no_device_reason().c_str());
+    std::fprintf(stderr, "bench_gpu_gemm: no usable GPU: %s\n",
+                 zest::cuda::no_device_reason().c_str());
     return 77;
   }
 

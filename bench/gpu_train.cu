@@ -64,9 +64,8 @@ int run(const zest::gpt_options& o, std::size_t batch, int steps, double peak_tf
   const double median = timed[timed.size() / 2];
   const double rate = static_cast<double>(batch * o.context) / median;
   const double tables = static_cast<double>((o.vocab + o.context) * o.width);
-  const double flops_per_token =
-      6.0 * (static_cast<double>(engine.parameter_count()) - tables) +
-      12.0 * static_cast<double>(o.layers * o.width * o.context);
+  const double flops_per_token = 6.0 * (static_cast<double>(engine.parameter_count()) - tables) +
+                                 12.0 * static_cast<double>(o.layers * o.width * o.context);
   const double mfu = rate * flops_per_token / (peak_tflops * 1e12);
   std::printf(
       "gpt: %zu parameters, %zu layers, width %zu, batch %zu x %zu, ZeRO-%d bf16: "
@@ -78,9 +77,8 @@ int run(const zest::gpt_options& o, std::size_t batch, int steps, double peak_tf
   std::printf("METRIC gpu_train_mfu %.4f\n", mfu);
   if (!json.empty()) {
     std::ofstream out(json);
-    out << "{\"metrics\": {\"gpu_train_tokens_per_s\": " << rate
-        << ", \"gpu_train_mfu\": " << mfu << ", \"gpu_train_median_step_s\": " << median
-        << "}}\n";
+    out << "{\"metrics\": {\"gpu_train_tokens_per_s\": " << rate << ", \"gpu_train_mfu\": " << mfu
+        << ", \"gpu_train_median_step_s\": " << median << "}}\n";
     if (!out) {
       std::fprintf(stderr, "bench_gpu_train: cannot write %s\n", json.c_str());
       return 1;
@@ -131,7 +129,8 @@ int main(int argc, char** argv) {
     }
   }
   if (zest::cuda::device_count() == 0) {  // throws where CUDA is there but fails to start
-    std::fprintf(stderr, "bench_gpu_train: no usable GPU: %s\n", zest::cuda::no_device_reason().c_str());
+    std::fprintf(stderr, "bench_gpu_train: no usable GPU: %s\n",
+                 zest::cuda::no_device_reason().c_str());
     return 77;
   }
   if (zero == 3) return run<3>(o, batch, steps, peak_tflops, json);

@@ -90,9 +90,10 @@ int main(int argc, char** argv) {
   if (all_runnable == 0) {
     if (rank == 0) {
       const std::string why = zest::cuda::no_device_reason();
-      std::printf("SKIPPED: no usable GPU: %d CUDA device(s) visible%s%s, %d rank(s) per node "
-                  "need one each\n",
-                  devices, why.empty() ? "" : ": ", why.c_str(), node_ranks);
+      std::printf(
+          "SKIPPED: no usable GPU: %d CUDA device(s) visible%s%s, %d rank(s) per node "
+          "need one each\n",
+          devices, why.empty() ? "" : ": ", why.c_str(), node_ranks);
       std::fflush(stdout);
     }
     MPI_Finalize();

@@ -313,7 +313,8 @@ void compare(std::string_view name, const tolerance& tol, const outcome& host,
   if (report_errors() && world_rank() == 0) {
     const std::string type = std::is_same_v<T, float> ? "float" : "double";
     MESSAGE(std::string(name), " (", type, "): worst error / epsilon = ", worst / epsilon<T>(),
-            ", allowed ", op_k, device_rounds_apart ? " (a GPU's floor: more for floating arrays)" : "");
+            ", allowed ", op_k,
+            device_rounds_apart ? " (a GPU's floor: more for floating arrays)" : "");
   }
 }
 
