@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,34 +70,42 @@ int main(int argc, char** argv) {
   std::size_t n = 8192;
   int reps = 20, rounds = 9, warmup_rounds = 50;
   std::string json;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_gpu_gemm: %s needs a value\n", argv[i]);
-        std::exit(2);
+  int at = 0;  // the option being read, for the message of a value that is no number
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      at = i;
+      const auto next = [&]() -> std::string {
+        if (i + 1 >= argc) {
+          std::fprintf(stderr, "bench_gpu_gemm: %s needs a value\n", argv[i]);
+          std::exit(2);
+        }
+        return argv[++i];
+      };
+      if (arg == "--n") n = std::stoul(next());
+      else if (arg == "--reps") reps = std::stoi(next());
+      else if (arg == "--rounds") rounds = std::stoi(next());
+      else if (arg == "--json") json = next();
+      else if (arg == "--quick") n = 4096, reps = 5, rounds = 3, warmup_rounds = 5;
+      else {
+        std::fprintf(
+            stderr,
+            "usage: bench_gpu_gemm [--n N] [--reps R] [--rounds K] [--json FILE] [--quick]\n");
+        return 2;
       }
-      return argv[++i];
-    };
-    if (arg == "--n") n = std::stoul(next());
-    else if (arg == "--reps") reps = std::stoi(next());
-    else if (arg == "--rounds") rounds = std::stoi(next());
-    else if (arg == "--json") json = next();
-    else if (arg == "--quick") n = 4096, reps = 5, rounds = 3, warmup_rounds = 5;
-    else {
-      std::fprintf(
-          stderr,
-          "usage: bench_gpu_gemm [--n N] [--reps R] [--rounds K] [--json FILE] [--quick]\n");
-      return 2;
     }
+  } catch (const std::logic_error&) {  // std::stoul, stoi, stod: not a number, or out of range
+    std::fprintf(stderr, "bench_gpu_gemm: %s takes a number, not '%s'\n", argv[at],
+                 at + 1 < argc ? argv[at + 1] : "");
+    return 2;
   }
   if (n == 0 || reps < 1 || rounds < 1) {
     std::fprintf(stderr, "bench_gpu_gemm: --n, --reps and --rounds take positive numbers\n");
     return 2;
   }
-  if (zest::cuda::device_count() == 0) {  // throws where CUDA is there but fails to start
-    std::fprintf(stderr, "bench_gpu_gemm: no usable GPU: %s\n",
-                 zest::cuda::no_device_reason().c_str());
+  // No driver or no device: 77; a CUDA that fails to start otherwise throws.
+  if (const auto seen = zest::cuda::visible_devices(); seen.count == 0) {
+    std::fprintf(stderr, "bench_gpu_gemm: no usable GPU: %s\n", seen.why_none.c_str());
     return 77;
   }
 

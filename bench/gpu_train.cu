@@ -23,7 +23,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -101,42 +103,62 @@ int main(int argc, char** argv) {
   int steps = 12, zero = 1;
   double peak_tflops = 989;
   std::string json;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_gpu_train: %s needs a value\n", argv[i]);
-        std::exit(2);
+  int at = 0;  // the option being read, for the message of a value that is no number
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      at = i;
+      const auto next = [&]() -> std::string {
+        if (i + 1 >= argc) {
+          std::fprintf(stderr, "bench_gpu_train: %s needs a value\n", argv[i]);
+          std::exit(2);
+        }
+        return argv[++i];
+      };
+      if (arg == "--layers") o.layers = std::stoul(next());
+      else if (arg == "--width") o.width = std::stoul(next());
+      else if (arg == "--heads") o.heads = std::stoul(next());
+      else if (arg == "--context") o.context = std::stoul(next());
+      else if (arg == "--batch") batch = std::stoul(next());
+      else if (arg == "--steps") steps = std::max(1, std::stoi(next()));
+      else if (arg == "--zero") zero = std::stoi(next());
+      else if (arg == "--peak-tflops") peak_tflops = std::stod(next());
+      else if (arg == "--json") json = next();
+      else if (arg == "--quick") o.layers = 4, o.width = 512, o.heads = 8, steps = 6;
+      else {
+        std::fprintf(stderr,
+                     "usage: bench_gpu_train [--layers N] [--width N] [--heads N] [--context N] "
+                     "[--batch N] [--steps N] [--zero 1|3] [--peak-tflops X] [--json FILE] "
+                     "[--quick]\n");
+        return 2;
       }
-      return argv[++i];
-    };
-    if (arg == "--layers") o.layers = std::stoul(next());
-    else if (arg == "--width") o.width = std::stoul(next());
-    else if (arg == "--heads") o.heads = std::stoul(next());
-    else if (arg == "--context") o.context = std::stoul(next());
-    else if (arg == "--batch") batch = std::stoul(next());
-    else if (arg == "--steps") steps = std::max(1, std::stoi(next()));
-    else if (arg == "--zero") zero = std::stoi(next());
-    else if (arg == "--peak-tflops") peak_tflops = std::stod(next());
-    else if (arg == "--json") json = next();
-    else if (arg == "--quick") o.layers = 4, o.width = 512, o.heads = 8, steps = 6;
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_gpu_train [--layers N] [--width N] [--heads N] [--context N] "
-                   "[--batch N] [--steps N] [--zero 1|3] [--peak-tflops X] [--json FILE] "
-                   "[--quick]\n");
-      return 2;
     }
+  } catch (const std::logic_error&) {  // std::stoul, stoi, stod: not a number, or out of range
+    std::fprintf(stderr, "bench_gpu_train: %s takes a number, not '%s'\n", argv[at],
+                 at + 1 < argc ? argv[at + 1] : "");
+    return 2;
   }
-  if (zest::cuda::device_count() == 0) {  // throws where CUDA is there but fails to start
-    std::fprintf(stderr, "bench_gpu_train: no usable GPU: %s\n",
-                 zest::cuda::no_device_reason().c_str());
-    return 77;
-  }
-  if (zero == 3) return run<3>(o, batch, steps, peak_tflops, json);
-  if (zero != 1) {
+  if (zero != 1 && zero != 3) {
     std::fprintf(stderr, "bench_gpu_train: --zero takes 1 or 3\n");
     return 2;
   }
-  return run<1>(o, batch, steps, peak_tflops, json);
+  if (!(peak_tflops > 0) || o.layers == 0 || o.width == 0 || o.heads == 0 || o.context == 0 ||
+      batch == 0) {
+    std::fprintf(stderr,
+                 "bench_gpu_train: --peak-tflops, --layers, --width, --heads, --context and "
+                 "--batch take positive numbers\n");
+    return 2;
+  }
+  // No driver or no device: 77; a CUDA that fails to start otherwise throws.
+  if (const auto seen = zest::cuda::visible_devices(); seen.count == 0) {
+    std::fprintf(stderr, "bench_gpu_train: no usable GPU: %s\n", seen.why_none.c_str());
+    return 77;
+  }
+  try {  // a model the options cannot make (width not a multiple of heads, ...), out of memory
+    if (zero == 3) return run<3>(o, batch, steps, peak_tflops, json);
+    return run<1>(o, batch, steps, peak_tflops, json);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_train: %s\n", e.what());
+    return 1;
+  }
 }

@@ -11,6 +11,16 @@ include_guard(GLOBAL)
 
 set(ZEST_CUDA_READY FALSE)
 
+# nvcc's -O is the host compiler's level, and a second one after the build type's makes it
+# warn of a redefinition: a folder whose GPU targets name their own level drops the build
+# type's from its CUDA flags (directory variables over the cache's, which keeps the user's).
+macro(zest_cuda_drop_build_type_level)
+  foreach(zest_config DEBUG RELEASE RELWITHDEBINFO MINSIZEREL)
+    string(REGEX REPLACE "(^| )-O[0-9sg]?( |$)" " " CMAKE_CUDA_FLAGS_${zest_config}
+                         "${CMAKE_CUDA_FLAGS_${zest_config}}")
+  endforeach()
+endmacro()
+
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures zest's GPU targets are built for")
 endif()

@@ -10,9 +10,8 @@ int train_gpt_example::train_on_cuda(const flags& f, const zest::text_dataset& d
                                      std::array<int, 4> sizes) {
   // No driver or no device: the "no usable GPU" code (77) on every rank, with CUDA's reason;
   // any other failure of CUDA's start throws and takes the job down as an error.
-  if (zest::cuda::device_count() == 0) {
-    std::fprintf(stderr, "train_gpt: --device cuda: no usable GPU: %s\n",
-                 zest::cuda::no_device_reason().c_str());
+  if (const auto seen = zest::cuda::visible_devices(); seen.count == 0) {
+    std::fprintf(stderr, "train_gpt: --device cuda: no usable GPU: %s\n", seen.why_none.c_str());
     return 77;
   }
   return train_on<zest::cuda_mesh<"dp", "ep">, gpt_arch>(f, data, sizes);

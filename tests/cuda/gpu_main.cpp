@@ -69,10 +69,10 @@ int main(int argc, char** argv) {
   MPI_Comm_free(&node);
   // A CUDA start that fails for any reason but "no driver" or "no device" is a failure
   // (exit 1, CUDA's error named), never a skip.
-  int devices = 0;
+  zest::cuda::device_census seen;
   int broken = 0;
   try {
-    devices = zest::cuda::device_count();
+    seen = zest::cuda::visible_devices();
   } catch (const std::exception& e) {
     std::printf("FAILED: rank %d: CUDA did not start: %s\n", rank, e.what());
     std::fflush(stdout);
@@ -84,16 +84,15 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
-  int runnable = devices >= node_ranks ? 1 : 0;
+  int runnable = seen.count >= node_ranks ? 1 : 0;
   int all_runnable = 0;
   MPI_Allreduce(&runnable, &all_runnable, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (all_runnable == 0) {
     if (rank == 0) {
-      const std::string why = zest::cuda::no_device_reason();
       std::printf(
           "SKIPPED: no usable GPU: %d CUDA device(s) visible%s%s, %d rank(s) per node "
           "need one each\n",
-          devices, why.empty() ? "" : ": ", why.c_str(), node_ranks);
+          seen.count, seen.why_none.empty() ? "" : ": ", seen.why_none.c_str(), node_ranks);
       std::fflush(stdout);
     }
     MPI_Finalize();

@@ -126,12 +126,12 @@ inline int bind_device() {
     ZEST_CUDA_CHECK(cudaSetDevice(device));
     return device;
   }
-  const int count = device_count();
+  const device_census seen = visible_devices();
+  const int count = seen.count;
   if (count == 0) {
-    throw cuda_error(
-        "zest: cuda::bind_device: no CUDA device is visible (cudaGetDeviceCount found none); the "
-        "GPU "
-        "backend needs one GPU per rank");
+    throw cuda_error(zest::detail::message("zest: cuda::bind_device: no CUDA device is visible (",
+                                           seen.why_none,
+                                           "); the GPU backend needs one GPU per rank"));
   }
   int local = detail::local_rank_from_environment();
   int initialized = 0;

@@ -94,28 +94,28 @@ inline void check(cudaError_t code, std::string_view call) {
 // ZEST_CUDA_CHECK(cudaMemsetAsync(p, 0, n, s)) — the failing call is named in the message.
 #define ZEST_CUDA_CHECK(call) ::zest::cuda::check((call), #call)
 
-// The number of devices: 0 where this machine has no CUDA driver (cudaErrorInsufficientDriver,
-// which is also what a missing libcuda gives) or no device (cudaErrorNoDevice). Any other
-// failure of CUDA's start throws cuda_error naming it, so that a broken start on a machine
-// with a GPU never reads as "no GPU".
-inline int device_count() {
+// What CUDA shows this process: its devices and, where there are none, why in CUDA's words.
+// None where this machine has no CUDA driver (cudaErrorInsufficientDriver, which is also what
+// a missing libcuda gives) or no device (cudaErrorNoDevice). Any other failure of CUDA's start
+// throws cuda_error naming it, so that a broken start on a machine with a GPU never reads as
+// "no GPU".
+struct device_census {
+  int count = 0;
+  std::string why_none;  // "" where count > 0
+};
+
+inline device_census visible_devices() {
   int n = 0;
   const cudaError_t code = cudaGetDeviceCount(&n);
-  if (code == cudaSuccess) return n;
+  if (code == cudaSuccess)
+    return {n, n > 0 ? std::string() : std::string("the CUDA driver lists no device")};
   static_cast<void>(cudaGetLastError());  // clear the error it leaves behind
-  if (code == cudaErrorNoDevice || code == cudaErrorInsufficientDriver) return 0;
-  check(code, "cudaGetDeviceCount");
-  return 0;
+  if (code != cudaErrorNoDevice && code != cudaErrorInsufficientDriver)
+    check(code, "cudaGetDeviceCount");
+  return {0, zest::detail::message(cudaGetErrorString(code), " (", cudaGetErrorName(code), ")")};
 }
 
-// Why device_count() is 0, in words naming CUDA's error; "" where it is not 0.
-inline std::string no_device_reason() {
-  int n = 0;
-  const cudaError_t code = cudaGetDeviceCount(&n);
-  static_cast<void>(cudaGetLastError());
-  if (code == cudaSuccess) return n == 0 ? std::string("the CUDA driver lists no device") : "";
-  return zest::detail::message(cudaGetErrorString(code), " (", cudaGetErrorName(code), ")");
-}
+inline int device_count() { return visible_devices().count; }
 
 inline int current_device() {
   int d = 0;
