@@ -3,7 +3,10 @@
 //   auto w_full = zest::redistribute<zest::layout<>>(w);            // all-gather over dp
 //   auto y_rs   = zest::redistribute<zest::layout<zest::split<'b', "dp">>>(y_partial);
 //
-// The steps are carried out here, one per mesh axis, on the axis' communicator. Whether a
+//   auto [a2, b2] = zest::redistribute_all<zest::layout<>>(a, b);   // one all-gather for both
+//
+// The steps run in the mover (zest/tensor/transition_group.hpp), one per mesh axis, on the
+// axis' communicator; a group of tensors shares each step's collective. Whether a
 // transition communicates is known at compile time (transition_plan_v, the fixed-order plan);
 // the steps that run are the cheapest for the tensor's extents and the mesh's sizes
 // (plan_transition with a transition_shape, zest/layout/transition.hpp), searched once per
@@ -14,235 +17,32 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <memory>
 #include <span>
+#include <stdexcept>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zest/backend/backend.hpp"
 #include "zest/comm/checked.hpp"
 #include "zest/core/error.hpp"
+#include "zest/core/memory.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
 #include "zest/layout/transition.hpp"
 #include "zest/tensor/tensor.hpp"
+#include "zest/tensor/transition_group.hpp"
 
 namespace zest {
 
 namespace detail {
 
-// A shard in flight between two layouts: its current layout, local extents and contents.
-// The contents start as the caller's buffer, borrowed: the first step that produces a new
-// buffer (all of them but all_reduce and zero_partial) reads it without a copy.
-template <class T, class Backend, std::size_t Rank>
-struct moving_shard {
-  using buffer = typename Backend::template buffer<T>;
-  layout_value layout{};
-  std::array<std::size_t, Rank> local{};
-  std::span<const T> data;
-  buffer owned;
-  bool borrowed = true;
-
-  T* writable() {
-    if (borrowed) {
-      owned = buffer(data.size());
-      Backend::copy_slices(data.data(), 1, 1, 0, owned.data(), 1, 0, 1, data.size());
-      borrowed = false;
-    }
-    data = {owned.data(), owned.size()};
-    return owned.data();
-  }
-  void replace(buffer&& next) {
-    owned = std::move(next);
-    data = {owned.data(), owned.size()};
-    borrowed = false;
-  }
-  buffer release() {
-    if (borrowed) writable();
-    return std::move(owned);
-  }
-};
-
-template <std::size_t Rank>
-struct slab {  // the data seen as [outer][extent][inner] around one dim
-  std::size_t outer = 1, extent = 1, inner = 1;
-};
-template <std::size_t Rank>
-slab<Rank> slab_around(const std::array<std::size_t, Rank>& ext, std::size_t dim) {
-  slab<Rank> s;
-  for (std::size_t i = 0; i < dim; ++i) s.outer *= ext[i];
-  s.extent = ext[dim];
-  for (std::size_t i = dim + 1; i < Rank; ++i) s.inner *= ext[i];
-  return s;
-}
-
-// One step of a plan. The dims are a run-time argument: this, the largest function of the
-// library's training path, is compiled once per element type and rank, not once per tensor
-// type (bench/README.md, "Compile time and memory").
-template <class T, class Mesh, class Backend, std::size_t Rank>
-void apply_step(const transition_step& s, moving_shard<T, Backend, Rank>& sh,
-                const std::array<std::size_t, Rank>& global, const Mesh& mesh,
-                std::string_view dims) {
-  // Checked mode compares this across ranks and names it in a mismatch or a timeout.
-  const collective_context context("redistribute", [&](std::ostream& o) {
-    const auto shown = [](std::string t) { return t.empty() ? std::string("replicate") : t; };
-    o << '"' << dims << "\" " << shown(to_string(sh.layout, Mesh::axis_names)) << " -> "
-      << shown(to_string(after_step(sh.layout, s), Mesh::axis_names)) << " (" << name_of(s.kind)
-      << " over " << Mesh::axis_names[s.axis] << ')';
-  });
-  auto& comm = mesh.axis(s.axis);
-  const auto n = static_cast<std::size_t>(mesh.size(s.axis));
-  const auto me = static_cast<std::size_t>(mesh.coord(s.axis));
-  const auto dim_of = [dims](char c) { return dims.find(c); };
-  auto coords = mesh.coords();
-
-  switch (s.kind) {
-    case step_kind::all_reduce: {
-      comm.all_reduce(std::span<T>(sh.writable(), sh.data.size()), reduce_op::sum);
-      return;
-    }
-    case step_kind::zero_partial: {
-      if (me != 0) Backend::fill(sh.writable(), sh.data.size(), T{});
-      return;
-    }
-    case step_kind::slice: {
-      const std::size_t i = dim_of(s.dim);
-      const block_range part = balanced_block(sh.local[i], n, me);
-      const auto sl = slab_around(sh.local, i);
-      typename Backend::template buffer<T> out(sl.outer * part.size * sl.inner);
-      Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, part.offset, out.data(), part.size,
-                           0, part.size, sl.inner);
-      sh.replace(std::move(out));
-      sh.local[i] = part.size;
-      return;
-    }
-    case step_kind::all_gather: {
-      const std::size_t i = dim_of(s.dim);
-      const auto sl = slab_around(sh.local, i);
-      std::vector<std::size_t> counts(n);
-      std::vector<block_range> ranges(n);
-      for (std::size_t c = 0; c < n; ++c) {
-        coords[s.axis] = static_cast<int>(c);
-        ranges[c] = dim_range(sh.layout, s.dim, global[i], mesh.sizes(), coords);
-        counts[c] = sl.outer * ranges[c].size * sl.inner;
-      }
-      std::size_t full = 0;
-      for (const auto& r : ranges) full += r.size;
-      typename Backend::template buffer<T> out(sl.outer * full * sl.inner);
-      if (sl.outer == 1) {  // blocks are already in place, in rank order
-        comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()),
-                        std::span<T>(out.data(), out.size()), std::span<const std::size_t>(counts));
-      } else {
-        typename Backend::template buffer<T> staged(out.size());
-        comm.all_gather(std::span<const T>(sh.data.data(), sh.data.size()),
-                        std::span<T>(staged.data(), staged.size()),
-                        std::span<const std::size_t>(counts));
-        std::size_t at = 0;
-        std::size_t pos = 0;
-        for (std::size_t c = 0; c < n; ++c) {
-          Backend::copy_slices(staged.data() + at, sl.outer, ranges[c].size, 0, out.data(), full,
-                               pos, ranges[c].size, sl.inner);
-          at += counts[c];
-          pos += ranges[c].size;
-        }
-      }
-      sh.replace(std::move(out));
-      sh.local[i] = full;
-      return;
-    }
-    case step_kind::reduce_scatter: {
-      const std::size_t i = dim_of(s.dim);
-      const auto sl = slab_around(sh.local, i);
-      std::vector<std::size_t> counts(n);
-      std::vector<block_range> parts(n);
-      for (std::size_t c = 0; c < n; ++c) {
-        parts[c] = balanced_block(sl.extent, n, c);
-        counts[c] = sl.outer * parts[c].size * sl.inner;
-      }
-      typename Backend::template buffer<T> out(counts[me]);
-      if (sl.outer == 1) {
-        comm.reduce_scatter(std::span<const T>(sh.data.data(), sh.data.size()),
-                            std::span<T>(out.data(), out.size()),
-                            std::span<const std::size_t>(counts), reduce_op::sum);
-      } else {
-        typename Backend::template buffer<T> staged(sh.data.size());
-        std::size_t at = 0;
-        for (std::size_t c = 0; c < n; ++c) {
-          Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, parts[c].offset,
-                               staged.data() + at, parts[c].size, 0, parts[c].size, sl.inner);
-          at += counts[c];
-        }
-        comm.reduce_scatter(std::span<const T>(staged.data(), staged.size()),
-                            std::span<T>(out.data(), out.size()),
-                            std::span<const std::size_t>(counts), reduce_op::sum);
-      }
-      sh.replace(std::move(out));
-      sh.local[i] = parts[me].size;
-      return;
-    }
-    case step_kind::all_to_all: {
-      // I hold my block of `dim` and all of `to_dim` (within its outer splits). Rank c gets
-      // my block cut to its part of to_dim; I get every rank's block of `dim` cut to mine.
-      const std::size_t i = dim_of(s.dim);
-      const std::size_t j = dim_of(s.to_dim);
-      const auto send_slab = slab_around(sh.local, j);
-      std::vector<std::size_t> send_counts(n), recv_counts(n);
-      std::vector<block_range> to_parts(n), from_ranges(n);
-      for (std::size_t c = 0; c < n; ++c) {
-        to_parts[c] = balanced_block(sh.local[j], n, c);
-        send_counts[c] = send_slab.outer * to_parts[c].size * send_slab.inner;
-        coords[s.axis] = static_cast<int>(c);
-        from_ranges[c] = dim_range(sh.layout, s.dim, global[i], mesh.sizes(), coords);
-      }
-      // Elements other than dims i and j are the same on every rank of the axis.
-      std::size_t rest = 1;
-      for (std::size_t k = 0; k < Rank; ++k) {
-        if (k != i && k != j) rest *= sh.local[k];
-      }
-      std::size_t full = 0;
-      for (std::size_t c = 0; c < n; ++c) {
-        recv_counts[c] = rest * from_ranges[c].size * to_parts[me].size;
-        full += from_ranges[c].size;
-      }
-      typename Backend::template buffer<T> send(sh.data.size());
-      std::size_t at = 0;
-      for (std::size_t c = 0; c < n; ++c) {
-        Backend::copy_slices(sh.data.data(), send_slab.outer, send_slab.extent, to_parts[c].offset,
-                             send.data() + at, to_parts[c].size, 0, to_parts[c].size,
-                             send_slab.inner);
-        at += send_counts[c];
-      }
-      std::size_t recv_total = 0;
-      for (auto c : recv_counts) recv_total += c;
-      typename Backend::template buffer<T> recv(recv_total);
-      comm.all_to_all(
-          std::span<const T>(send.data(), send.size()), std::span<const std::size_t>(send_counts),
-          std::span<T>(recv.data(), recv.size()), std::span<const std::size_t>(recv_counts));
-      auto out_local = sh.local;
-      out_local[i] = full;
-      out_local[j] = to_parts[me].size;
-      const auto recv_slab = slab_around(out_local, i);
-      typename Backend::template buffer<T> out(recv_total);
-      at = 0;
-      std::size_t pos = 0;
-      for (std::size_t c = 0; c < n; ++c) {
-        Backend::copy_slices(recv.data() + at, recv_slab.outer, from_ranges[c].size, 0, out.data(),
-                             full, pos, from_ranges[c].size, recv_slab.inner);
-        at += recv_counts[c];
-        pos += from_ranges[c].size;
-      }
-      sh.replace(std::move(out));
-      sh.local = out_local;
-      return;
-    }
-  }
-}
-
-}  // namespace detail
-
-namespace detail {
-// Carries out a plan on a shard; `from` may be a run-time value (tests sweep all pairs).
-// The shard is either borrowed (a span, read by the first step) or handed over (a buffer).
+// Carries out a plan on one shard (a group of one); `from` may be a run-time value (tests
+// sweep all pairs). The shard is either borrowed (a span, read by the first step) or handed
+// over (a buffer).
 template <fixed_string Dims, class T, class Mesh, std::size_t Rank,
           class Backend = backend_of<Mesh>>
 typename Backend::template buffer<T> run_transition(const transition_plan& plan,
@@ -251,12 +51,10 @@ typename Backend::template buffer<T> run_transition(const transition_plan& plan,
                                                     std::span<const T> data,
                                                     const std::array<std::size_t, Rank>& global,
                                                     const Mesh& mesh) {
-  moving_shard<T, Backend, Rank> sh{from, local, data, {}, true};
-  for (const auto& s : plan) {
-    apply_step<T, Mesh, Backend, Rank>(s, sh, global, mesh, view_of<Dims>);
-    sh.layout = after_step(sh.layout, s);
-  }
-  return sh.release();
+  transition_group<T, Mesh, Backend> g(mesh);
+  g.add(view_of<Dims>, from, plan, to_shard_extents(global), to_shard_extents(local), data);
+  g.run();
+  return g.release(0);
 }
 template <fixed_string Dims, class Buffer, class Mesh, std::size_t Rank,
           class Backend = backend_of<Mesh>>
@@ -265,13 +63,11 @@ requires(!std::is_lvalue_reference_v<Buffer>) Buffer
                    const std::array<std::size_t, Rank>& local, Buffer&& data,
                    const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
   using T = typename Buffer::value_type;
-  moving_shard<T, Backend, Rank> sh{from, local, {}, {}, true};
-  sh.replace(std::move(data));
-  for (const auto& s : plan) {
-    apply_step<T, Mesh, Backend, Rank>(s, sh, global, mesh, view_of<Dims>);
-    sh.layout = after_step(sh.layout, s);
-  }
-  return sh.release();
+  transition_group<T, Mesh, Backend> g(mesh);
+  g.add(view_of<Dims>, from, plan, to_shard_extents(global), to_shard_extents(local),
+        std::move(data));
+  g.run();
+  return g.release(0);
 }
 }  // namespace detail
 
@@ -320,6 +116,183 @@ auto redistribute(X&& t) {
   using x_t = std::remove_cvref_t<X>;
   return redistribute_to<layout_value_of<typename x_t::mesh_type, x_t::dims, Layout>>(
       std::forward<X>(t));
+}
+
+// ----- Several tensors at once ------------------------------------------------------------
+//
+//   auto [wq, wk, wv] = zest::redistribute_all<zest::layout<>>(q_shard, k_shard, v_shard);
+//   auto pending = zest::redistribute_async<zest::layout<>>(w1, w2);  // issued now
+//   ...                                                                // other work
+//   auto [w1_full, w2_full] = pending.wait();
+//
+// Each tensor takes its own transition (one layout for all, or one per tensor in order), and
+// every collective step runs once for the whole group: the tensors whose next step is the same
+// kind on the same axis share one collective, their blocks packed rank-major. The bytes are
+// those of the tensors' own transitions; the calls are one per axis and step instead of one
+// per tensor. The tensors share an element type and a mesh. A tensor passed as an lvalue is
+// read in place: it must live until wait() returns; an rvalue's storage is taken over.
+
+template <class T, class Mesh, class... Results>
+class pending_redistribution {
+ public:
+  pending_redistribution(const Mesh& mesh, std::unique_ptr<detail::transition_group<T, Mesh>> group,
+                         std::tuple<typename Results::extents_type...> extents)
+      : mesh_(&mesh), group_(std::move(group)), extents_(std::move(extents)) {}
+
+  // Completes the collectives and returns the tensors in their new layouts.
+  std::tuple<Results...> wait() {
+    if (!group_) {
+      throw std::logic_error(
+          "zest redistribute_async: wait() called twice; the first call returned the tensors");
+    }
+    group_->wait();
+    auto out = build(std::index_sequence_for<Results...>{});
+    group_.reset();
+    return out;
+  }
+
+ private:
+  template <std::size_t... K>
+  std::tuple<Results...> build(std::index_sequence<K...>) {
+    return std::tuple<Results...>(Results(*mesh_, std::get<K>(extents_), group_->release(K))...);
+  }
+
+  const Mesh* mesh_;
+  std::unique_ptr<detail::transition_group<T, Mesh>> group_;
+  std::tuple<typename Results::extents_type...> extents_;
+};
+
+namespace detail {
+// The layout tensor K of a group is brought to: the only layout given, or the K-th.
+template <std::size_t K, class... Layouts>
+using group_layout_at =
+    std::tuple_element_t<(sizeof...(Layouts) == 1 ? 0 : K), std::tuple<Layouts...>>;
+
+template <std::size_t K, class X, class... Layouts>
+using group_result_t =
+    with_layout<std::remove_cvref_t<X>,
+                layout_value_of<typename std::remove_cvref_t<X>::mesh_type,
+                                std::remove_cvref_t<X>::dims, group_layout_at<K, Layouts...>>>;
+
+template <class... Layouts, std::size_t... K, class... X>
+auto make_group(std::index_sequence<K...>, X&&... xs) {
+  using first_t = std::remove_cvref_t<std::tuple_element_t<0, std::tuple<X...>>>;
+  using T = typename first_t::value_type;
+  using mesh_t = typename first_t::mesh_type;
+  const mesh_t& mesh = std::get<0>(std::forward_as_tuple(xs...)).mesh();
+  std::size_t index = 0;
+  (
+      [&] {
+        if (&xs.mesh() != &mesh) {
+          throw shape_error(detail::message(
+              "zest redistribute_all/redistribute_async: tensor ", index, " (\"",
+              view_of<std::remove_cvref_t<X>::dims>,
+              "\") lives on another mesh object than tensor 0; a group moves over one mesh's "
+              "communicators. Fix: move tensors of different meshes in separate calls"));
+        }
+        ++index;
+      }(),
+      ...);
+  auto group = std::make_unique<transition_group<T, mesh_t>>(mesh);
+  (
+      [&] {
+        using x_t = std::remove_cvref_t<X>;
+        using result_t = group_result_t<K, X, Layouts...>;
+        const transition_plan plan =
+            transition_plan_for<x_t::dims>(x_t::layout, result_t::layout, xs.extents(), mesh);
+        constexpr bool owned =
+            !std::is_lvalue_reference_v<X> && !std::is_const_v<std::remove_reference_t<X>>;
+        if constexpr (owned) {
+          const auto local = to_shard_extents(xs.local_extents());
+          group->add(view_of<x_t::dims>, x_t::layout, plan, to_shard_extents(xs.extents()), local,
+                     std::move(xs.storage()));
+        } else {
+          group->add(view_of<x_t::dims>, x_t::layout, plan, to_shard_extents(xs.extents()),
+                     to_shard_extents(xs.local_extents()), std::span<const T>(xs.local()));
+        }
+      }(),
+      ...);
+  return std::tuple(&mesh, std::move(group), std::tuple(xs.extents()...));
+}
+
+// The checks of a group's types, each with its fix; instantiated before anything else.
+template <class LayoutList, class TensorList>
+struct group_check;
+template <class... Layouts, class... X>
+struct group_check<std::tuple<Layouts...>, std::tuple<X...>> {
+  static_assert(sizeof...(X) > 0, "zest redistribute_all/async: give at least one tensor");
+  static_assert(sizeof...(Layouts) == 1 || sizeof...(Layouts) == sizeof...(X),
+                "zest redistribute_all/async: give one layout for every tensor, or one per "
+                "tensor in the tensors' order. Fix: redistribute_all<layout<>>(a, b) or "
+                "redistribute_all<layout<>, layout<split<'m', \"dp\">>>(a, b)");
+  using first_t = std::remove_cvref_t<std::tuple_element_t<0, std::tuple<X...>>>;
+  static_assert(
+      (std::is_same_v<typename std::remove_cvref_t<X>::value_type, typename first_t::value_type> &&
+       ...),
+      "zest redistribute_all/async: the tensors of a group share one element type (one "
+      "buffer per collective). Fix: move tensors of different element types in separate calls");
+  static_assert(
+      (std::is_same_v<typename std::remove_cvref_t<X>::mesh_type, typename first_t::mesh_type> &&
+       ...),
+      "zest redistribute_all/async: the tensors of a group live on one mesh type. Fix: move "
+      "tensors of different meshes in separate calls");
+  static constexpr bool reported = true;
+};
+
+// Whether the group may be formed, apart from the checks: the callers build nothing after a
+// failed check, so its static_assert is the one error (a class whose static_assert failed
+// is invalid, and clang would read its members as true).
+template <class LayoutList, class TensorList>
+inline constexpr bool group_ok = false;
+template <class... Layouts, class... X>
+inline constexpr bool group_ok<std::tuple<Layouts...>, std::tuple<X...>> =
+    sizeof...(X) > 0 && (sizeof...(Layouts) == 1 || sizeof...(Layouts) == sizeof...(X)) &&
+    (std::is_same_v<
+         typename std::remove_cvref_t<X>::value_type,
+         typename std::remove_cvref_t<std::tuple_element_t<0, std::tuple<X...>>>::value_type> &&
+     ...) &&
+    (std::is_same_v<
+         typename std::remove_cvref_t<X>::mesh_type,
+         typename std::remove_cvref_t<std::tuple_element_t<0, std::tuple<X...>>>::mesh_type> &&
+     ...);
+
+template <class Indices, class LayoutList, class TensorList>
+struct group_types;
+template <std::size_t... K, class... Layouts, class... X>
+struct group_types<std::index_sequence<K...>, std::tuple<Layouts...>, std::tuple<X...>> {
+  using first_t = std::remove_cvref_t<std::tuple_element_t<0, std::tuple<X...>>>;
+  using pending = pending_redistribution<typename first_t::value_type, typename first_t::mesh_type,
+                                         group_result_t<K, X, Layouts...>...>;
+};
+}  // namespace detail
+
+// Issues the group's first collective now (non-blocking) and returns a handle; wait()
+// completes the rest and returns the tensors, a std::tuple, in their new layouts.
+template <class... Layouts, sharded_tensor... X>
+[[nodiscard]] auto redistribute_async(X&&... xs) {
+  static_assert(detail::group_check<std::tuple<Layouts...>, std::tuple<X...>>::reported);
+  if constexpr (detail::group_ok<std::tuple<Layouts...>, std::tuple<X...>>) {
+    using pending = typename detail::group_types<std::index_sequence_for<X...>,
+                                                 std::tuple<Layouts...>, std::tuple<X...>>::pending;
+    auto [mesh, group, extents] =
+        detail::make_group<Layouts...>(std::index_sequence_for<X...>{}, std::forward<X>(xs)...);
+    group->start();
+    return pending(*mesh, std::move(group), std::move(extents));
+  }
+}
+
+// The same, blocking: the group's collectives in turn, then the tensors (a std::tuple).
+template <class... Layouts, sharded_tensor... X>
+auto redistribute_all(X&&... xs) {
+  static_assert(detail::group_check<std::tuple<Layouts...>, std::tuple<X...>>::reported);
+  if constexpr (detail::group_ok<std::tuple<Layouts...>, std::tuple<X...>>) {
+    using pending = typename detail::group_types<std::index_sequence_for<X...>,
+                                                 std::tuple<Layouts...>, std::tuple<X...>>::pending;
+    auto [mesh, group, extents] =
+        detail::make_group<Layouts...>(std::index_sequence_for<X...>{}, std::forward<X>(xs)...);
+    group->run();
+    return pending(*mesh, std::move(group), std::move(extents)).wait();
+  }
 }
 
 // The fixed-order plan of redistribute<Layout> for tensor type X, at compile time: whether
