@@ -228,7 +228,7 @@ void run(int dp, int tp, std::int64_t steps) {
             " = 2 x the all-reduce + the bias gradient's = " + std::to_string(tp_expected));
   // dp: ZeRO's 2 Psi (N-1)/N (3 under stage 3) of this rank's tp slice of the parameters.
   std::uint64_t psi = 0;
-  for (const auto* p : engine.parameters()) psi += p->split().total();
+  for (const auto* p : engine.parameters()) psi += p->compute_elements();
   const auto n = static_cast<std::uint64_t>(dp);
   const std::uint64_t dp_expected = (Stage::stage == 3 ? 3 : 2) * psi * (n - 1) / n * sizeof(float);
   check(every_step(dp_bytes, dp_expected),

@@ -116,7 +116,7 @@ TEST_CASE("gpt_shape: the parameters the model registers, and rank 0's blocks ov
   for (std::size_t i = 0; i < held.size(); ++i) {
     CAPTURE(held[i]->name());
     CHECK(listed.parameters[i].name == held[i]->name());
-    const std::size_t here = held[i]->stored_block().size();  // dp = 1: the whole tp block
+    const std::size_t here = held[i]->stored_elements();  // dp = 1: the whole tp block
     if (mesh.rank() == 0) CHECK(here == listed.parameters[i].elements());
     CHECK(here <= listed.parameters[i].elements());
   }

@@ -36,7 +36,8 @@ using namespace zest::testing;
 
 using emulated = emulated_mesh<"dp">;
 static_assert(std::is_same_v<backend_of<emulated>, emulated_backend>);
-static_assert(!detail::host_loops<backend_of<emulated>>, "the generic paths, not the host's");
+static_assert(!detail::runs_host_loops<backend_of<emulated>>(),
+              "the generic paths, not the host's");
 
 emulated make_emulated_mesh() {
   int n = 1;
@@ -71,7 +72,12 @@ run train(const typename P::mesh_type& mesh, std::int64_t steps) {
 // Losses within 1e-5 relative; parameters within 1e-5, plus `ulp` (one unit in the last place
 // of the stored precision, relative) for 16-bit values: sums in another order (the gradient
 // norm, the autodiff reductions) differ by 1e-7 and may round a 16-bit value the other way.
+// For 16-bit values the absolute floor is also 5 % of a step's learning rate: an element whose
+// gradient is near zero takes Adam's normalised step (m / sqrt(v), about +-1 whatever the
+// gradient's size), so a gradient of 1e-7 rounded in another order moves it by a visible
+// part of lr (seen: 2e-5 at 4 ranks, bfloat16, a weight near zero).
 void check_same(const run& got, const run& want, double ulp) {
+  const double floor = ulp == 0 ? 1e-5 : 0.05 * learning_rate(0);
   CHECK(got.states == want.states);
   REQUIRE(got.losses.size() == want.losses.size());
   for (std::size_t k = 0; k < got.losses.size(); ++k) {
@@ -83,12 +89,20 @@ void check_same(const run& got, const run& want, double ulp) {
     const auto& ref = want.params.at(name);
     REQUIRE(values.size() == ref.size());
     double worst = 0;
+    std::size_t at = 0;
     for (std::size_t i = 0; i < values.size(); ++i) {
-      const double d = std::abs(static_cast<double>(values[i]) - ref[i]);
-      worst = std::max(worst, d - ulp * std::abs(static_cast<double>(ref[i])));
+      const double a = values[i], b = ref[i];
+      // One unit in the last place of the larger of the two: the values may lie on either
+      // side of a power of two, where the spacing halves.
+      const double d = std::abs(a - b) - ulp * std::max(std::abs(a), std::abs(b));
+      if (d > worst) {
+        worst = d;
+        at = i;
+      }
     }
-    INFO("parameter " << name << ": largest difference beyond tolerance " << worst);
-    CHECK(worst <= 1e-5);
+    INFO("parameter " << name << ": largest difference beyond tolerance " << worst << " at " << at
+                      << " (" << values[at] << " vs " << ref[at] << ")");
+    CHECK(worst <= floor);
   }
 }
 

@@ -102,7 +102,7 @@ TEST_CASE("gpt_shape lists the expert blocks a rank of ep holds") {
   for (std::size_t i = 0; i < held.size(); ++i) {
     CAPTURE(held[i]->name());
     CHECK(listed.parameters[i].name == held[i]->name());
-    CHECK(held[i]->stored_block().size() == listed.parameters[i].elements());  // dp = 1
+    CHECK(held[i]->stored_elements() == listed.parameters[i].elements());  // dp = 1
     if (held[i]->name().find(".experts.") != std::string::npos) ++experts;
   }
   CHECK(experts == 4);

@@ -9,9 +9,10 @@
 //     engine.step(schedule(step));                 // clip, AdamW, publish
 //   }
 //
-// The engine executes the transitions that the stage's layouts prescribe (zero/stage.hpp)
-// for whole groups of parameters at once (a layer or a transformer block), one collective
-// per transition and group over the data axis:
+// The engine schedules the transitions that the stage's layouts prescribe (zero/stage.hpp)
+// for whole groups of parameters at once (a layer or a transformer block); the mover
+// (zest/tensor/transition_group.hpp, what redistribute runs too) carries each out as one
+// collective per transition and group over the data axis:
 //
 //   forward, entering a group      stored -> compute     stage 3: all-gather (coalesced);
 //                                                        the next group's is prefetched
@@ -96,31 +97,25 @@ class zero_engine {
   using slot = detail::parameter_slot<P>;
   using param_type = typename P::param_type;
   using grad_type = typename P::grad_type;
-  // Pack buffers live where the shards do (device memory on a GPU): collectives take them.
   using backend_t = backend_of<mesh_t>;
-  template <class T>
-  using buffer = typename backend_t::template buffer<T>;
   static constexpr int stage = P::stage::stage;
   static constexpr std::size_t data = P::data_axis;
 
   struct group {
     std::string name;
     std::vector<slot*> params;
-    // Stage 3 gather in flight or done: rank-major blocks.
-    buffer<param_type> send, gathered;
-    std::vector<std::size_t> counts;
-    request gather;
-    bool gathering = false;
+    // Stage 3: the group's gather (stored -> compute), issued by a prefetch or on entry.
+    std::unique_ptr<typename slot::template mover<param_type>> gather;
     bool live = false;  // the compute values are materialised
     bool in_scope = false;
     bool implicit = false;  // made by add() for a parameter registered outside any group
+    bool gathering() const { return gather != nullptr; }
   };
+  // A bucket of a group's gradients on its way to the buffers' layout.
   struct reduction {
     std::size_t group = 0;
     std::size_t first = 0, last = 0;  // params [first, last) of the group
-    buffer<grad_type> send, recv;
-    std::vector<std::size_t> counts;
-    request done;
+    std::unique_ptr<typename slot::template mover<grad_type>> move;
   };
 
  public:
@@ -233,7 +228,7 @@ class zero_engine {
   // Gathered groups now, and the most at once since the last reset (stage 3's bound).
   std::size_t live_groups() const {
     return static_cast<std::size_t>(std::count_if(
-        groups_.begin(), groups_.end(), [](const group& g) { return g.live || g.gathering; }));
+        groups_.begin(), groups_.end(), [](const group& g) { return g.live || g.gathering(); }));
   }
   std::size_t peak_live_groups() const { return peak_live_; }
 
@@ -277,11 +272,9 @@ class zero_engine {
   // what the forward holds, so that the next step starts clean.
   void discard_forward() {
     for (auto& g : groups_) {
-      if (g.gathering) {
-        g.gather.wait();
-        g.gathering = false;
-        memory::release(g.gathered);
-        memory::release(g.send);
+      if (g.gathering()) {
+        g.gather->wait();
+        g.gather.reset();
       }
       for (slot* p : g.params) {
         p->free_compute();
@@ -373,13 +366,7 @@ class zero_engine {
       if (!S::layout.is_partial(a) && mesh_->coord(a) != 0) counts = false;
     }
     double value = 0;
-    if (counts) {
-      if constexpr (detail::host_loops<typename S::backend_type>) {
-        value = static_cast<double>(s.local()[0]);
-      } else {
-        value = static_cast<double>(s.local_to_host()[0]);
-      }
-    }
+    if (counts) value = static_cast<double>(s.local_to_host()[0]);
     return sum_over_ranks(value);
   }
 
@@ -444,7 +431,6 @@ class zero_engine {
 
   void after_backward(std::size_t g) {
     group& gr = groups_[g];
-    for (slot* p : gr.params) p->take_gradient();
     for (slot* p : gr.params) p->free_compute();
     gr.live = false;
     if constexpr (stage == 1) {
@@ -453,17 +439,11 @@ class zero_engine {
     } else {
       for (const auto& [first, last] : buckets_of(gr)) start_reduction(g, first, last);
     }
-    for (slot* p : gr.params) {
-      p->drop_gradient();
-      p->detach();
-    }
+    for (slot* p : gr.params) p->detach();
     gr.in_scope = false;
   }
 
   // ----- stage 3 gathers -----------------------------------------------------------------
-  // The ranks on the data axis: the blocks of every split and collective.
-  std::size_t data_parts() const { return static_cast<std::size_t>(mesh_->size(data)); }
-
   // The first group from g on, stepping by `step` (+1 or -1), that holds parameters
   // (groups_.size() if none): what a prefetch gathers, passing over empty groups.
   std::size_t holding_parameters(std::size_t g, int step) const {
@@ -474,53 +454,29 @@ class zero_engine {
     return g < groups_.size() ? g : groups_.size();
   }
 
-  // A prefetch (needed_now false) waits for room under max_live_groups; a group needed now
-  // is gathered regardless. A group without parameters has nothing to gather: no collective
-  // (every rank has the same groups), and it never counts as live.
+  // The group's stored shards -> compute values, one all-gather for the group, issued
+  // non-blocking. A prefetch (needed_now false) waits for room under max_live_groups; a
+  // group needed now is gathered regardless. A group without parameters has nothing to
+  // gather: no collective (every rank has the same groups), and it never counts as live.
   void start_gather(std::size_t g, bool needed_now = false) {
     group& gr = groups_[g];
-    if (gr.gathering || gr.live || gr.params.empty()) return;
+    if (gr.gathering() || gr.live || gr.params.empty()) return;
     if (!needed_now && live_groups() >= options_.max_live_groups) return;
-    const std::size_t n = data_parts();
-    gr.counts.assign(n, 0);
-    std::size_t mine = 0;
-    for (slot* p : gr.params) {
-      const auto s = p->split();
-      for (std::size_t r = 0; r < n; ++r) gr.counts[r] += s.count(r);
-      mine += p->stored_block().size();
-    }
-    detail::resize_buffer<backend_t>(gr.send, mine);
-    std::size_t at = 0;
-    for (slot* p : gr.params) {
-      const auto b = p->stored_block();
-      detail::copy_elements<backend_t>(b.data(), b.size(), gr.send.data() + at);
-      at += b.size();
-    }
-    std::size_t total = 0;
-    for (auto c : gr.counts) total += c;
-    detail::resize_buffer<backend_t>(gr.gathered, total);
-    gr.gather = mesh_->axis(data).iall_gather(view(gr.send), view(gr.gathered),
-                                              std::span<const std::size_t>(gr.counts));
-    gr.gathering = true;
+    gr.gather = std::make_unique<typename slot::template mover<param_type>>(*mesh_);
+    for (slot* p : gr.params) p->add_gather(*gr.gather);
+    gr.gather->start();
   }
 
-  // The group's compute values, filled from its gather (started now if not prefetched).
+  // The group's compute values, from its gather (started now if not prefetched).
   void materialise(std::size_t g) {
     group& gr = groups_[g];
     if (gr.live || gr.params.empty()) return;
-    if (!gr.gathering) start_gather(g, /*needed_now=*/true);
-    gr.gather.wait();
-    gr.gathering = false;
-    for (slot* p : gr.params) p->allocate_compute();
-    const param_type* at = gr.gathered.data();
-    for (std::size_t r = 0; r < gr.counts.size(); ++r) {
-      for (slot* p : gr.params) {
-        p->receive_block(r, at);
-        at += p->split().count(r);
-      }
+    if (!gr.gathering()) start_gather(g, /*needed_now=*/true);
+    gr.gather->wait();
+    for (std::size_t k = 0; k < gr.params.size(); ++k) {
+      gr.params[k]->take_gathered(gr.gather->release(k));
     }
-    memory::release(gr.gathered);
-    memory::release(gr.send);
+    gr.gather.reset();
     gr.live = true;
   }
 
@@ -545,6 +501,9 @@ class zero_engine {
     return out;
   }
 
+  // A bucket's gradients -> the gradient buffers' layout (all-reduce under stage 0,
+  // reduce-scatter under 2 and 3), one collective issued non-blocking; at most two buckets
+  // in flight.
   void start_reduction(std::size_t g, std::size_t first, std::size_t last) {
     if (pending_.size() >= 2) complete_oldest();
     group& gr = groups_[g];
@@ -552,128 +511,49 @@ class zero_engine {
     red->group = g;
     red->first = first;
     red->last = last;
-    std::size_t total = 0;
-    for (std::size_t i = first; i < last; ++i) total += gr.params[i]->split().total();
-    if constexpr (stage == 0) {
-      detail::resize_buffer<backend_t>(red->send, total);
-      std::size_t at = 0;
-      for (std::size_t i = first; i < last; ++i) {
-        gr.params[i]->gradient_whole(red->send.data() + at);
-        at += gr.params[i]->split().total();
-      }
-      red->done = mesh_->axis(data).iall_reduce(view(red->send), reduce_op::sum);
-    } else {
-      const std::size_t n = data_parts();
-      red->counts.assign(n, 0);
-      detail::resize_buffer<backend_t>(red->send, total);
-      std::size_t at = 0;
-      for (std::size_t r = 0; r < n; ++r) {
-        for (std::size_t i = first; i < last; ++i) {
-          gr.params[i]->gradient_block(r, red->send.data() + at);
-          const std::size_t c = gr.params[i]->split().count(r);
-          at += c;
-          red->counts[r] += c;
-        }
-      }
-      const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
-      detail::resize_buffer<backend_t>(red->recv, red->counts[me]);
-      red->done = mesh_->axis(data).ireduce_scatter(view(red->send), view(red->recv),
-                                                    std::span<const std::size_t>(red->counts),
-                                                    reduce_op::sum);
-    }
+    red->move = std::make_unique<typename slot::template mover<grad_type>>(*mesh_);
+    for (std::size_t i = first; i < last; ++i) gr.params[i]->add_gradient_reduction(*red->move);
+    red->move->start();
     pending_.push_back(std::move(red));
   }
 
   void complete_oldest() {
     auto red = std::move(pending_.front());
     pending_.pop_front();
-    red->done.wait();
+    red->move->wait();
     group& gr = groups_[red->group];
-    const buffer<grad_type>& result = stage == 0 ? red->send : red->recv;
-    std::size_t at = 0;
     for (std::size_t i = red->first; i < red->last; ++i) {
-      auto buf = gr.params[i]->gradient_buffer();
-      detail::accumulate<backend_t>(buf.data(), result.data() + at, buf.size());
-      at += buf.size();
+      gr.params[i]->add_reduced(red->move->release(i - red->first));
     }
   }
 
   // Stage 1 at the step: buffer (partial) -> kept shard (split), a reduce-scatter per bucket.
   void reduce_buffers_of(std::size_t g) {
     group& gr = groups_[g];
-    const std::size_t n = data_parts();
-    const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
     for (const auto& [first, last] : buckets_of(gr)) {
-      std::vector<std::size_t> counts(n, 0);
-      std::size_t total = 0;
-      for (std::size_t i = first; i < last; ++i) total += gr.params[i]->split().total();
-      buffer<grad_type> send(total);
-      std::size_t at = 0;
-      for (std::size_t r = 0; r < n; ++r) {
-        for (std::size_t i = first; i < last; ++i) {
-          slot* p = gr.params[i];
-          const auto s = p->split();
-          const std::size_t c = s.count(r);
-          detail::copy_rows_out<backend_t>(p->gradient_buffer().data(), s, s.block(r),
-                                           send.data() + at);
-          at += c;
-          counts[r] += c;
-        }
-      }
-      buffer<grad_type> recv(counts[me]);
-      mesh_->axis(data).reduce_scatter(view(send), view(recv), std::span<const std::size_t>(counts),
-                                       reduce_op::sum);
-      at = 0;
-      for (std::size_t i = first; i < last; ++i) {
-        auto kept = gr.params[i]->kept_gradient_storage();
-        detail::copy_elements<backend_t>(recv.data() + at, kept.size(), kept.data());
-        at += kept.size();
-      }
+      typename slot::template mover<grad_type> move(*mesh_);
+      for (std::size_t i = first; i < last; ++i) gr.params[i]->add_buffer_reduction(move);
+      move.run();
+      for (std::size_t i = first; i < last; ++i) gr.params[i]->take_kept(move.release(i - first));
     }
   }
 
-  // Stages 1, 2 after the update: each rank's updated shard to every rank.
+  // Stages 1, 2 after the update: each rank's updated shard to every rank (master -> stored).
   void publish(std::size_t g) {
     group& gr = groups_[g];
     if (gr.params.empty()) return;
-    const std::size_t n = data_parts();
-    const std::size_t me = static_cast<std::size_t>(mesh_->coord(data));
-    std::vector<std::size_t> counts(n, 0);
-    for (slot* p : gr.params)
-      for (std::size_t r = 0; r < n; ++r) counts[r] += p->split().count(r);
-    buffer<param_type> send(counts[me]);
-    std::size_t at = 0;
-    for (slot* p : gr.params) {
-      p->published_block(send.data() + at);
-      at += p->split().count(me);
+    typename slot::template mover<param_type> move(*mesh_);
+    for (slot* p : gr.params) p->add_publish(move);
+    move.run();
+    for (std::size_t k = 0; k < gr.params.size(); ++k) {
+      gr.params[k]->take_published(move.release(k));
     }
-    std::size_t total = 0;
-    for (auto c : counts) total += c;
-    buffer<param_type> recv(total);
-    mesh_->axis(data).all_gather(view(send), view(recv), std::span<const std::size_t>(counts));
-    const param_type* from = recv.data();
-    for (std::size_t r = 0; r < n; ++r) {
-      for (slot* p : gr.params) {
-        p->receive_published(r, from);
-        from += p->split().count(r);
-      }
-    }
-  }
-
-  // A buffer as the span a collective takes (device buffers are not ranges).
-  template <class T>
-  static std::span<T> view(buffer<T>& b) {
-    return {b.data(), b.size()};
   }
 
   void clear_gradients(const std::vector<slot*>& all) {
     for (slot* p : all) {
       auto b = p->gradient_buffer();
-      if constexpr (detail::host_loops<backend_t>) {
-        std::fill(b.begin(), b.end(), grad_type{});
-      } else {
-        backend_t::fill(b.data(), b.size(), grad_type{});
-      }
+      backend_t::fill(b.data(), b.size(), grad_type{});
       p->release_step_buffers();
     }
   }

@@ -13,9 +13,10 @@
 //                   gradient float partial(dp)         buffer    bfloat16 split(m:dp)
 //                   master, adam m, v  float split(m:dp)
 //
-// The collectives between these layouts run in the engine (zest/zero/engine.hpp), which
-// coalesces a whole group of parameters into one collective per transition; the parameter
-// provides the blocks. On mesh axes other than the data axis a parameter keeps the
+// The moves between these layouts are group transitions that the engine schedules
+// (zest/zero/engine.hpp) and the mover runs (zest/tensor/transition_group.hpp), one
+// collective per transition for a whole group of parameters; the parameter adds its shard
+// with the plan between the two layouts and takes the result back. On mesh axes other than the data axis a parameter keeps the
 // placement of its Base layout (e.g. split<'h', "tp"> for a Megatron column-parallel
 // weight); its gradient there is the dual of that placement, reduced per parameter.
 //
@@ -55,33 +56,25 @@ namespace zest {
 
 namespace detail {
 
-// One parameter's local compute tensor seen as [outer][extent][inner] around the dim that
-// the stage splits over the data axis; rank r of that axis owns rows block(r).
-struct data_split {
-  std::size_t outer = 1, extent = 1, inner = 1;
-  std::size_t parts = 1;
-  block_range block(std::size_t r) const { return balanced_block(extent, parts, r); }
-  std::size_t count(std::size_t r) const { return outer * block(r).size * inner; }
-  std::size_t total() const { return outer * extent * inner; }
-};
-
-// Whether the element loops below take their plain host form (Eigen-free loops that the
-// compiler vectorises) or run as function objects on the backend (zest/backend/backend.hpp).
-template <class B>
-inline constexpr bool host_loops = std::is_same_v<B, host_backend>;
-
-// dst[o * dst_stride + k] = src[o * src_stride + k] for o < outer, k < run, converted
-// through float: the body of every copy between model states of different element types.
+// dst[i] = src[i] converted through float (n elements in B's memory): the one copy between
+// model states of different element types (a plain copy when the types agree).
 template <class To, class From>
-struct convert_rows_fn {
+struct convert_fn {
   const From* src;
   To* dst;
-  std::size_t run, src_stride, dst_stride;
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
-    const std::size_t o = i / run, k = i % run;
-    dst[o * dst_stride + k] = static_cast<To>(static_cast<float>(src[o * src_stride + k]));
+    dst[i] = static_cast<To>(static_cast<float>(src[i]));
   }
 };
+template <class B, class To, class From>
+void convert(std::span<const From> in, std::span<To> out) {
+  if (in.empty()) return;
+  if constexpr (std::is_same_v<To, From>) {
+    B::copy_slices(in.data(), 1, 1, 0, out.data(), 1, 0, 1, in.size());
+  } else {
+    B::for_each(in.size(), convert_fn<To, From>{in.data(), out.data()});
+  }
+}
 // acc[i] = acc[i] + add[i], summed in float and rounded once to Acc.
 template <class Acc, class Add>
 struct accumulate_fn {
@@ -91,91 +84,14 @@ struct accumulate_fn {
     acc[i] = static_cast<Acc>(static_cast<float>(acc[i]) + static_cast<float>(add[i]));
   }
 };
-
-// A [outer][run] walk with the given strides on backend B: a strided copy when the types
-// agree, a conversion loop otherwise.
-template <class B, class To, class From>
-void copy_converted(const From* src, std::size_t src_stride, To* dst, std::size_t dst_stride,
-                    std::size_t outer, std::size_t run) {
-  if (outer == 0 || run == 0) return;
-  if constexpr (std::is_same_v<To, From>) {
-    B::copy_slices(src, outer, src_stride, 0, dst, dst_stride, 0, run, 1);
-  } else {
-    B::for_each(outer * run, convert_rows_fn<To, From>{src, dst, run, src_stride, dst_stride});
-  }
-}
-
-// n elements from src to dst in B's memory (no conversion).
-template <class B, class T>
-void copy_elements(const T* src, std::size_t n, T* dst) {
-  if constexpr (host_loops<B>) {
-    std::copy_n(src, n, dst);
-  } else {
-    if (n != 0) B::copy_slices(src, 1, n, 0, dst, n, 0, n, 1);
-  }
-}
-
-// A buffer of B of n elements (contents unspecified), reusing `b` when it has that size.
-template <class B, class Buffer>
-void resize_buffer(Buffer& b, std::size_t n) {
-  if constexpr (host_loops<B>) {
-    b.resize(n);
-  } else {
-    if (b.size() != n) b = Buffer(n);
-  }
-}
-
-// Copies the rows [rows.offset, +rows.size) of a [outer][extent][inner] array to or from a
-// dense [outer][rows.size][inner] block, converting element types; pointers into B's memory.
-template <class B, class To, class From>
-void copy_rows_out(const From* whole, const data_split& s, block_range rows, To* block) {
-  const std::size_t run = rows.size * s.inner;
-  if constexpr (host_loops<B>) {
-    for (std::size_t o = 0; o < s.outer; ++o) {
-      const From* src = whole + (o * s.extent + rows.offset) * s.inner;
-      To* dst = block + o * run;
-      for (std::size_t i = 0; i < run; ++i) dst[i] = static_cast<To>(static_cast<float>(src[i]));
-    }
-  } else {
-    copy_converted<B>(whole + rows.offset * s.inner, s.extent * s.inner, block, run, s.outer, run);
-  }
-}
-template <class B, class To, class From>
-void copy_rows_in(const From* block, const data_split& s, block_range rows, To* whole) {
-  const std::size_t run = rows.size * s.inner;
-  if constexpr (host_loops<B>) {
-    for (std::size_t o = 0; o < s.outer; ++o) {
-      const From* src = block + o * run;
-      To* dst = whole + (o * s.extent + rows.offset) * s.inner;
-      for (std::size_t i = 0; i < run; ++i) dst[i] = static_cast<To>(static_cast<float>(src[i]));
-    }
-  } else {
-    copy_converted<B>(block, run, whole + rows.offset * s.inner, s.extent * s.inner, s.outer, run);
-  }
-}
-template <class B, class To, class From>
-void convert(std::span<const From> in, std::span<To> out) {
-  if constexpr (host_loops<B>) {
-    for (std::size_t i = 0; i < in.size(); ++i) out[i] = static_cast<To>(static_cast<float>(in[i]));
-  } else {
-    copy_converted<B>(in.data(), in.size(), out.data(), in.size(), 1, in.size());
-  }
-}
-// acc += add elementwise (n elements), summed in float.
 template <class B, class Acc, class Add>
 void accumulate(Acc* acc, const Add* add, std::size_t n) {
-  if constexpr (host_loops<B>) {
-    for (std::size_t k = 0; k < n; ++k) {
-      acc[k] = static_cast<Acc>(static_cast<float>(acc[k]) + static_cast<float>(add[k]));
-    }
-  } else {
-    B::for_each(n, accumulate_fn<Acc, Add>{acc, add});
-  }
+  if (n != 0) B::for_each(n, accumulate_fn<Acc, Add>{acc, add});
 }
 
 // `base` with the data axis's placement taken from `stage`. Where base splits the dim that
 // the stage splits too (a bias "h" split<'h', "tp">), the data axis nests innermost: it
-// splits each rank's block of the other axes, which is the block data_split sees.
+// splits each rank's block of the other axes.
 constexpr layout_value on_data_axis(layout_value base, const layout_value& stage, std::size_t a) {
   axis_placement p = stage.axes[a];
   if (p.kind == placement_kind::split) p.order = static_cast<std::uint8_t>(base.split_count(p.dim));
@@ -191,16 +107,32 @@ constexpr layout_value reduce_other_axes(layout_value g, const layout_value& kep
   return g;
 }
 
+// One model state of a parameter as the mover sees it (zest/tensor/transition_group.hpp):
+// its layout and this rank's extents.
+struct state_shard {
+  layout_value layout{};
+  shard_extents local{};
+};
+
 // What the engine needs of a parameter, whatever its dims: the type-erased side of
-// zest::parameter. P is the training policy. What only needs the shards' storage (the
-// gradient's and optimizer's element loops, the published blocks) is implemented here, once
-// per policy, on views of the derived parameter's tensors; the rest is virtual (compiled
-// once per parameter type: bench/README.md, "Compile time and memory").
+// zest::parameter. P is the training policy. Every move between the parameter's model
+// states is a member of a group transition that the engine forms and runs
+// (zest/tensor/transition_group.hpp): the parameter adds its shard with the plan between
+// the two layouts and takes the result back. What only needs the shards' storage (the
+// optimizer's element loops, the conversions) is implemented here, once per policy; the
+// rest is virtual (compiled once per parameter type: bench/README.md, "Compile time and
+// memory").
 template <class P>
 class parameter_slot {
  public:
   using param_type = typename P::param_type;
   using grad_type = typename P::grad_type;
+  using mesh_type = typename P::mesh_type;
+  using backend_t = backend_of<mesh_type>;
+  template <class T>
+  using buffer = typename backend_t::template buffer<T>;
+  template <class T>
+  using mover = transition_group<T, mesh_type, backend_t>;
 
   parameter_slot() = default;
   parameter_slot(const parameter_slot&) = delete;
@@ -212,42 +144,51 @@ class parameter_slot {
   // Elements of the global tensor, and its extents.
   std::size_t size() const {
     std::size_t n = 1;
-    for (auto e : global_) n *= e;
+    for (std::size_t i = 0; i < dims_.size(); ++i) n *= global_[i];
     return n;
   }
-  std::vector<std::size_t> global_extents() const { return global_; }
-  // The split over the data axis of this rank's compute block.
-  data_split split() const { return split_; }
-
-  // Stage 3's gather: the stored block; then rank r's block into the compute value.
-  std::span<const param_type> stored_block() const {
-    return {stored_view_->data(), stored_view_->size()};
+  std::vector<std::size_t> global_extents() const {
+    return {global_.begin(), global_.begin() + static_cast<std::ptrdiff_t>(dims_.size())};
   }
-  virtual void receive_block(std::size_t r, const param_type* block) = 0;
+  // Elements this rank holds of the stored copy, and of the compute value (its block on the
+  // mesh's other axes: what the data axis's collectives move).
+  std::size_t stored_elements() const { return stored_view_->size(); }
+  std::size_t compute_elements() const { return elements(compute_); }
+
+  // ----- The transitions the engine runs in groups ---------------------------------------
+  // Stage 3: the stored shard -> the compute value (all-gather over the data axis), read in
+  // place; take_gathered makes the result the compute value (converted to fp32).
+  void add_gather(mover<param_type>& g) const {
+    g.add(dims_, stored_.layout, gather_plan_, global_, stored_.local,
+          std::span<const param_type>(stored_view_->data(), stored_view_->size()));
+  }
+  virtual void take_gathered(buffer<param_type>&& value) = 0;
   // Stages 0-2: the compute value from the stored copy (a conversion, no communication).
   virtual void compute_from_stored() = 0;
   // Makes the compute value a leaf of `t` (its storage as filled before).
   virtual void attach(autodiff::tape& t) = 0;
   // Frees the compute value's storage, keeping the variable (stage 3 between uses).
   virtual void free_compute() = 0;
-  virtual void allocate_compute() = 0;
   // Forgets the variable and its gradient.
   virtual void detach() = 0;
 
-  // The gradient backward left, reduced over the other mesh axes; empty when the
-  // parameter was not reached (then zeros are reduced).
-  virtual void take_gradient() = 0;
-  void gradient_block(std::size_t r, grad_type* out) const {  // rows block(r)
-    copy_rows_out<backend_t>(gradient_.data(), split_, split_.block(r), out);
+  // After the group's backward: the gradient backward left, reduced over the other mesh
+  // axes (zeros when the parameter was not reached), handed to the group in the gradient
+  // buffer's element type, towards the buffer's layout (all-reduce under stage 0,
+  // reduce-scatter under 2 and 3); add_reduced adds the result into the buffer.
+  virtual void add_gradient_reduction(mover<grad_type>& g) = 0;
+  void add_reduced(buffer<grad_type>&& reduced) {
+    accumulate<backend_t>(buffer_view_->data(), reduced.data(), buffer_view_->size());
   }
-  void gradient_whole(grad_type* out) const {
-    convert<backend_t>(gradient_, std::span<grad_type>(out, gradient_.size()));
+  // Stage 1: adds the whole gradient into the (partial) gradient buffer, without moving it.
+  virtual void add_gradient_to_buffer() = 0;
+  // Stage 1 at the step: the buffer's partial sums -> the kept shard (reduce-scatter), read
+  // in place; take_kept keeps the result for the optimizer.
+  void add_buffer_reduction(mover<grad_type>& g) const {
+    g.add(dims_, buffer_.layout, buffer_plan_, global_, buffer_.local,
+          std::span<const grad_type>(buffer_view_->data(), buffer_view_->size()));
   }
-  // Stage 1: adds the whole gradient into the (partial) gradient buffer.
-  void add_gradient_to_buffer() {
-    accumulate<backend_t>(buffer_view_->data(), gradient_.data(), buffer_view_->size());
-  }
-  virtual void drop_gradient() = 0;
+  void take_kept(buffer<grad_type>&& kept) { kept_.emplace(std::move(kept)); }
 
   // Persistent gradient buffer (gradient_buffer layout) and the kept gradient (what the
   // optimizer reads: kept_gradient layout).
@@ -256,11 +197,6 @@ class parameter_slot {
     if (kept_is_buffer_) return {buffer_view_->data(), buffer_view_->size()};
     return kept_ ? std::span<const grad_type>(kept_->data(), kept_->size())
                  : std::span<const grad_type>{};
-  }
-  std::span<grad_type> kept_gradient_storage() {
-    if (kept_is_buffer_) return gradient_buffer();
-    if (!kept_) kept_.emplace(kept_count_);
-    return {kept_->data(), kept_->size()};
   }
   bool kept_gradient_counted() const { return kept_counted_; }  // counts in a global norm
   void release_step_buffers() {
@@ -282,61 +218,97 @@ class parameter_slot {
     } else if (master_is_stored_) {
       return {stored_view_->data(), stored_view_->size()};  // fp32: the stored copy is the master
     } else {
-      // fp32 under stages 1, 2: the master is this rank's block of the replicated copy,
-      // extracted for the update and published back by the all-gather.
-      resize_buffer<backend_t>(scratch_, split_.count(data_coord_));
-      copy_rows_out<backend_t>(stored_view_->data(), split_, split_.block(data_coord_),
-                               scratch_.data());
+      // fp32 under stages 1, 2: the master is this rank's block of the replicated copy (a
+      // slice, no communication), updated and then published back by the all-gather.
+      mover<float> g(*mesh_);
+      g.add(dims_, stored_.layout, master_plan_, global_, stored_.local,
+            std::span<const float>(stored_view_->data(), stored_view_->size()));
+      g.run();
+      scratch_ = g.release(0);
       return {scratch_.data(), scratch_.size()};
     }
   }
   std::span<float> adam_m() { return {m_view_->data(), m_view_->size()}; }
   std::span<float> adam_v() { return {v_view_->data(), v_view_->size()}; }
-  // After the update: the stored copy from the master (stages 0, 3), or the updated block
-  // to all-gather (stages 1, 2) and the received blocks.
+  // Stages 0, 3 after the update: the stored copy from the master.
   void store_from_master() {
     if constexpr (P::has_master) {
       convert<backend_t>(std::span<const float>(master_view_->data(), master_view_->size()),
                          std::span<param_type>(stored_view_->data(), stored_view_->size()));
     }
   }
-  void published_block(param_type* out) const {
+  // Stages 1, 2 after the update: the updated shard (the master's layout, in the parameter's
+  // element type) -> the stored copy (all-gather over the data axis); take_published makes
+  // the result the stored copy.
+  void add_publish(mover<param_type>& g) {
     if constexpr (P::has_master) {
+      buffer<param_type> shard(master_view_->size());
       convert<backend_t>(std::span<const float>(master_view_->data(), master_view_->size()),
-                         std::span<param_type>(out, master_view_->size()));
+                         std::span<param_type>(shard.data(), shard.size()));
+      g.add(dims_, master_.layout, publish_plan_, global_, master_.local, std::move(shard));
     } else {
-      copy_elements<backend_t>(scratch_.data(), scratch_.size(), out);
+      g.add(dims_, master_.layout, publish_plan_, global_, master_.local, std::move(scratch_));
     }
   }
-  void receive_published(std::size_t r, const param_type* block) {
-    copy_rows_in<backend_t>(block, split_, split_.block(r), stored_view_->data());
-  }
+  void take_published(buffer<param_type>&& stored) { *stored_view_ = std::move(stored); }
 
  protected:
-  using backend_t = backend_of<typename P::mesh_type>;
-  template <class T>
-  using buffer = typename backend_t::template buffer<T>;
+  std::size_t elements(const state_shard& s) const {
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < dims_.size(); ++i) n *= s.local[i];
+    return n;
+  }
+  // This rank's extents of `layout` for the parameter's dims.
+  shard_extents local_of(const layout_value& layout) const {
+    shard_extents out{};
+    for (std::size_t i = 0; i < dims_.size(); ++i) {
+      out[i] = dim_range(layout, dims_[i], global_[i], mesh_->sizes(), mesh_->coords()).size;
+    }
+    return out;
+  }
+  // The cheapest plan over the data axis alone, the one axis whose placement the stage's
+  // layouts change (searched over every axis, a stage-0 all-reduce could go through the
+  // tensor-parallel replicas; the ZeRO formulas and the planner count the data axis's one
+  // step: docs/design-notes.md, "Transition order").
+  transition_plan plan_between(const state_shard& from, const state_shard& to) const {
+    return cached_transition_plan(from.layout, to.layout,
+                                  make_transition_shape(dims_, global_, mesh_->sizes()),
+                                  1U << P::data_axis);
+  }
+  // Set by the parameter's constructor, after dims_, global_ and mesh_.
+  void describe_states(const zero_layouts& l, const layout_value& reduced_gradient) {
+    stored_ = {l.stored, local_of(l.stored)};
+    compute_ = {l.compute, local_of(l.compute)};
+    reduced_gradient_ = {reduced_gradient, local_of(reduced_gradient)};
+    buffer_ = {l.gradient_buffer, local_of(l.gradient_buffer)};
+    const state_shard kept{l.kept_gradient, local_of(l.kept_gradient)};
+    master_ = {l.master, local_of(l.master)};
+    gather_plan_ = plan_between(stored_, compute_);
+    reduce_plan_ = plan_between(reduced_gradient_, buffer_);
+    buffer_plan_ = plan_between(buffer_, kept);
+    publish_plan_ = plan_between(master_, stored_);
+    master_plan_ = plan_between(stored_, master_);
+    kept_is_buffer_ = l.kept_gradient == l.gradient_buffer;
+    master_is_stored_ = l.master == l.stored;
+  }
 
   std::string name_;
   bool decay_ = true;
-  // Set by the parameter's constructor: its extents and split, its data-axis coordinate,
-  // what its layouts imply, and views of its tensors' storage (members of the parameter).
-  std::vector<std::size_t> global_;
-  data_split split_;
-  std::size_t data_coord_ = 0;
+  const mesh_type* mesh_ = nullptr;
+  std::string_view dims_;
+  shard_extents global_{};
+  state_shard stored_, compute_, reduced_gradient_, buffer_, master_;
+  transition_plan gather_plan_{}, reduce_plan_{}, buffer_plan_{}, publish_plan_{}, master_plan_{};
   bool kept_is_buffer_ = true;    // kept_gradient and gradient_buffer layouts agree
   bool kept_counted_ = true;      // this rank's kept block counts in a global norm
   bool master_is_stored_ = true;  // fp32: master and stored layouts agree
-  std::size_t kept_count_ = 0;    // elements of the kept block (when not the buffer)
   buffer<param_type>* stored_view_ = nullptr;
   buffer<grad_type>* buffer_view_ = nullptr;
   buffer<float>*m_view_ = nullptr, *v_view_ = nullptr;
   buffer<float>* master_view_ = nullptr;  // 16-bit policies
-  std::span<const float> gradient_;       // the taken gradient (take_gradient to drop_gradient)
   std::optional<buffer<grad_type>> kept_;
-  // fp32 stages 1, 2: this rank's block of the stored copy during a step (backend memory).
-  // Uncounted std::vector on the host, as before the backends; a buffer of B elsewhere.
-  std::conditional_t<host_loops<backend_t>, std::vector<float>, buffer<float>> scratch_;
+  // fp32 stages 1, 2: this rank's block of the stored copy during a step.
+  buffer<float> scratch_;
 };
 
 }  // namespace detail
@@ -363,6 +335,8 @@ class parameter final : public detail::parameter_slot<P> {
  public:
   using typename detail::parameter_slot<P>::param_type;
   using typename detail::parameter_slot<P>::grad_type;
+  template <class T>
+  using mover = typename detail::parameter_slot<P>::template mover<T>;
   static constexpr fixed_string dims = Dims;
   static constexpr zero_layouts layouts{detail::on_data_axis(base, z.stored, data),
                                         base,
@@ -388,18 +362,20 @@ class parameter final : public detail::parameter_slot<P> {
   parameter(zero_engine<P>& engine, std::string name, const extents_type& extents,
             const initializer& init, bool decay = true)
       : engine_(&engine),
-        mesh_(&engine.mesh()),
         extents_(extents),
-        stored_(*mesh_, extents, stored_tensor::uninitialized),
-        buffer_(*mesh_, extents),
-        m_(*mesh_, extents),
-        v_(*mesh_, extents) {
+        stored_(engine.mesh(), extents, stored_tensor::uninitialized),
+        buffer_(engine.mesh(), extents),
+        m_(engine.mesh(), extents),
+        v_(engine.mesh(), extents) {
     this->name_ = std::move(name);
     this->decay_ = decay;
+    this->mesh_ = &engine.mesh();
+    this->dims_ = view_of<Dims>;
+    this->global_ = detail::to_shard_extents(extents);
     const std::uint64_t seed = engine.seed_for(this->name_);
     detail::initialise(stored_, seed, init);
     if constexpr (P::has_master) {
-      master_.emplace(*mesh_, extents, state_tensor::uninitialized);
+      master_.emplace(engine.mesh(), extents, state_tensor::uninitialized);
       detail::initialise(*master_, seed, init);
       this->master_view_ = &master_->storage();
     }
@@ -407,29 +383,11 @@ class parameter final : public detail::parameter_slot<P> {
     this->buffer_view_ = &buffer_.storage();
     this->m_view_ = &m_.storage();
     this->v_view_ = &v_.storage();
-    this->global_.assign(extents.begin(), extents.end());
-    // The split over the data axis of the compute block.
-    auto& split = this->split_;
-    const std::size_t k = Dims.find(split_dim);
-    const auto coords = mesh_->coords();
-    std::size_t kept = 1;
-    for (std::size_t i = 0; i < Dims.size(); ++i) {
-      const std::size_t local =
-          dim_range(layouts.compute, Dims[i], extents[i], mesh_->sizes(), coords).size;
-      if (i < k) split.outer *= local;
-      if (i == k) split.extent = local;
-      if (i > k) split.inner *= local;
-      kept *= dim_range(layouts.kept_gradient, Dims[i], extents[i], mesh_->sizes(), coords).size;
-    }
-    split.parts = static_cast<std::size_t>(mesh_->size(data));
-    this->data_coord_ = static_cast<std::size_t>(mesh_->coord(data));
-    this->kept_is_buffer_ = layouts.kept_gradient == layouts.gradient_buffer;
-    this->kept_count_ = kept;
-    this->master_is_stored_ = layouts.master == layouts.stored;
+    this->describe_states(layouts, reduced_gradient);
     // Each element of the global gradient counts once in a norm: on every axis where the
     // kept layout is replicated, only coordinate 0 counts.
     for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
-      if (layouts.kept_gradient.is_replicate(a) && mesh_->coord(a) != 0) {
+      if (layouts.kept_gradient.is_replicate(a) && this->mesh_->coord(a) != 0) {
         this->kept_counted_ = false;
       }
     }
@@ -463,62 +421,57 @@ class parameter final : public detail::parameter_slot<P> {
   const state_tensor& master_tensor() const requires(P::has_master) { return *master_; }
 
   // --- parameter_slot: what depends on the tensors' types --------------------------------
-  void receive_block(std::size_t r, const param_type* block) override {
-    const auto& split = this->split_;
-    detail::copy_rows_in<backend_t>(block, split, split.block(r), compute_storage().data());
+  void take_gathered(typename stored_tensor::storage_type&& value) override {
+    if constexpr (std::is_same_v<param_type, float>) {
+      set_compute(std::move(value));  // the gathered copy is the compute value
+    } else {
+      typename compute_tensor::storage_type v(value.size());
+      detail::convert<backend_t>(std::span<const param_type>(value.data(), value.size()),
+                                 std::span<float>(v.data(), v.size()));
+      memory::release(value);
+      set_compute(std::move(v));
+    }
   }
   void compute_from_stored() override {
     // Stored and compute differ only in the data axis placement (replicate for stages 0-2).
-    allocate_compute();
-    detail::convert<backend_t>(std::span<const param_type>(stored_.local()), compute_storage());
-  }
-  void allocate_compute() override {
-    if (var_) {
-      auto& v = var_->node()->value;
-      if constexpr (detail::host_loops<backend_t>) {
-        v.storage().resize(v.local_count());
-      } else {
-        v.storage() = typename compute_tensor::storage_type(v.local_count());
-      }
-    } else {
-      pending_.emplace(*mesh_, extents_, compute_tensor::uninitialized);
-    }
+    typename compute_tensor::storage_type v(stored_.local_count());
+    detail::convert<backend_t>(std::span<const param_type>(stored_.local()),
+                               std::span<float>(v.data(), v.size()));
+    set_compute(std::move(v));
   }
   void attach(autodiff::tape& t) override {
     var_.emplace(t.parameter(std::move(*pending_)));
     pending_.reset();
   }
   void free_compute() override {
-    if (var_) {
-      auto& s = var_->node()->value.storage();
-      if constexpr (detail::host_loops<backend_t>) {
-        s.clear();
-        s.shrink_to_fit();
-      } else {
-        s = typename compute_tensor::storage_type{};
-      }
-    }
+    if (var_) memory::release(var_->node()->value.storage());
   }
   void detach() override {
     var_.reset();
     pending_.reset();
-    drop_gradient();
+    grad_.reset();
   }
 
-  void take_gradient() override {
-    if (!var_ || !var_->has_gradient()) {
-      grad_.emplace(*mesh_, extents_);  // not reached: a zero gradient
+  void add_gradient_reduction(mover<grad_type>& g) override {
+    take_gradient();
+    const auto& from = this->reduced_gradient_;
+    if constexpr (std::is_same_v<grad_type, float>) {
+      g.add(this->dims_, from.layout, this->reduce_plan_, this->global_, from.local,
+            std::move(grad_->storage()));
     } else {
-      // Pending sums over other axes (a weight replicated over a tensor-parallel axis) are
-      // reduced here; the data axis is the engine's, coalesced over the group.
-      grad_.emplace(redistribute_to<reduced_gradient>(std::move(*var_->node()->grad)));
-      var_->zero_grad();
+      typename buffer_tensor::storage_type send(grad_->local_count());
+      detail::convert<backend_t>(std::span<const float>(std::as_const(*grad_).local()),
+                                 std::span<grad_type>(send.data(), send.size()));
+      g.add(this->dims_, from.layout, this->reduce_plan_, this->global_, from.local,
+            std::move(send));
     }
-    this->gradient_ = std::as_const(*grad_).local();
-  }
-  void drop_gradient() override {
     grad_.reset();
-    this->gradient_ = {};
+  }
+  void add_gradient_to_buffer() override {
+    take_gradient();
+    detail::accumulate<backend_t>(buffer_.storage().data(), std::as_const(*grad_).local().data(),
+                                  buffer_.local_count());
+    grad_.reset();
   }
 
   // f(name, tensor) for each model state a checkpoint holds, with its own type (what
@@ -540,13 +493,27 @@ class parameter final : public detail::parameter_slot<P> {
   }
 
  private:
-  std::span<float> compute_storage() {
-    if (pending_) return pending_->local();
-    return var_->node()->value.local();
+  // The compute value from storage of its local size: the pending value before the tape
+  // holds it (forward), the variable's value after (backward's regather, stage 3).
+  void set_compute(typename compute_tensor::storage_type&& v) {
+    if (var_) {
+      var_->node()->value.storage() = std::move(v);
+    } else {
+      pending_.emplace(*this->mesh_, extents_, std::move(v));
+    }
+  }
+  // The gradient backward left, its pending sums over the other axes reduced (a weight
+  // replicated over a tensor-parallel axis); zeros when the parameter was not reached.
+  void take_gradient() {
+    if (!var_ || !var_->has_gradient()) {
+      grad_.emplace(*this->mesh_, extents_);
+    } else {
+      grad_.emplace(redistribute_to<reduced_gradient>(std::move(*var_->node()->grad)));
+      var_->zero_grad();
+    }
   }
 
   const zero_engine<P>* engine_;
-  const mesh_t* mesh_;
   extents_type extents_;
   stored_tensor stored_;
   buffer_tensor buffer_;
