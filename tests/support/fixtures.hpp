@@ -32,6 +32,31 @@ inline std::vector<std::array<int, 2>> mesh_shapes() {
   return {{n, 1}, {1, n}};
 }
 
+// Every valid layout of a tensor with the given dims on a 2-axis mesh: each axis replicated,
+// partial or splitting one dim, a dim split by both axes in either order (28 for "abc").
+inline std::vector<layout_value> layouts_on_two_axes(std::string_view dims) {
+  std::vector<axis_placement> options{{placement_kind::replicate, 0, 0},
+                                      {placement_kind::partial, 0, 0}};
+  for (char d : dims) options.push_back({placement_kind::split, d, 0});
+  std::vector<layout_value> out;
+  for (const auto& p0 : options) {
+    for (const auto& p1 : options) {
+      layout_value v = replicated_layout(2);
+      v.axes[0] = p0;
+      v.axes[1] = p1;
+      if (p0.kind == placement_kind::split && p1.kind == placement_kind::split &&
+          p0.dim == p1.dim) {
+        v.axes[1].order = 1;  // the first axis major
+        out.push_back(v);
+        v.axes[0].order = 1;  // the second axis major
+        v.axes[1].order = 0;
+      }
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
 // A deterministic value for a global index, distinct enough to catch misplaced blocks.
 template <std::size_t Rank>
 double value_at(const std::array<std::size_t, Rank>& i, std::uint32_t salt = 0) {

@@ -17,30 +17,6 @@ using namespace zest;
 using namespace zest::testing;
 using mesh_t = mesh<"dp", "tp">;
 
-// Every valid layout of a tensor with the given dims on a 2-axis mesh.
-std::vector<layout_value> layouts_of(std::string_view dims) {
-  std::vector<axis_placement> options{{placement_kind::replicate, 0, 0},
-                                      {placement_kind::partial, 0, 0}};
-  for (char d : dims) options.push_back({placement_kind::split, d, 0});
-  std::vector<layout_value> out;
-  for (const auto& p0 : options) {
-    for (const auto& p1 : options) {
-      layout_value v = replicated_layout(2);
-      v.axes[0] = p0;
-      v.axes[1] = p1;
-      if (p0.kind == placement_kind::split && p1.kind == placement_kind::split &&
-          p0.dim == p1.dim) {
-        v.axes[1].order = 1;
-        out.push_back(v);
-        v.axes[0].order = 1;
-        v.axes[1].order = 0;
-      }
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
 // Bytes sent by every rank together (a coalesced all_reduce's per-rank share is balanced over
 // the whole buffer, so only the sum over ranks adds up tensor by tensor).
 std::uint64_t world_bytes(const mesh_t& m) {
@@ -72,8 +48,8 @@ void add_member(detail::transition_group<double, mesh_t>& group, const member& m
 
 TEST_CASE("a random group moves as its tensors would alone, with the same bytes") {
   std::mt19937 rng(2024);  // same stream on every rank
-  const auto l3 = layouts_of("abc");
-  const auto l2 = layouts_of("ca");
+  const auto l3 = layouts_on_two_axes("abc");
+  const auto l2 = layouts_on_two_axes("ca");
   for (const auto& shape : mesh_shapes()) {
     mesh_t m(MPI_COMM_WORLD, shape);
     for (int trial = 0; trial < 40; ++trial) {

@@ -98,34 +98,8 @@ TEST_CASE("slice first, then a smaller all-to-all; reduce-scatter, all-reduce a 
   }
 }
 
-// All valid layouts of a tensor with dims "abc" on a 2-axis mesh: 28 of them.
-std::vector<layout_value> all_layouts() {
-  std::vector<layout_value> out;
-  const axis_placement options[] = {
-      {placement_kind::replicate, 0, 0}, {placement_kind::partial, 0, 0},
-      {placement_kind::split, 'a', 0},   {placement_kind::split, 'b', 0},
-      {placement_kind::split, 'c', 0},
-  };
-  for (const auto& p0 : options) {
-    for (const auto& p1 : options) {
-      layout_value v = replicated_layout(2);
-      v.axes[0] = p0;
-      v.axes[1] = p1;
-      if (p0.kind == placement_kind::split && p1.kind == placement_kind::split &&
-          p0.dim == p1.dim) {
-        v.axes[1].order = 1;
-        out.push_back(v);
-        v.axes[0].order = 1;
-        v.axes[1].order = 0;
-      }
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
 TEST_CASE("every layout pair: the costed plan moves the values and sends what it prices") {
-  const auto layouts = all_layouts();
+  const auto layouts = layouts_on_two_axes("abc");
   REQUIRE(layouts.size() == 28);
   std::mt19937 rng(4321);  // same stream on every rank
   std::size_t cheaper = 0;

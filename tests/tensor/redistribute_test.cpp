@@ -16,32 +16,6 @@ using namespace zest;
 using namespace zest::testing;
 using mesh_t = mesh<"dp", "tp">;
 
-// All valid layouts of a tensor with dims "abc" on a 2-axis mesh: 28 of them.
-std::vector<layout_value> all_layouts() {
-  std::vector<layout_value> out;
-  const axis_placement options[] = {
-      {placement_kind::replicate, 0, 0}, {placement_kind::partial, 0, 0},
-      {placement_kind::split, 'a', 0},   {placement_kind::split, 'b', 0},
-      {placement_kind::split, 'c', 0},
-  };
-  for (const auto& p0 : options) {
-    for (const auto& p1 : options) {
-      layout_value v = replicated_layout(2);
-      v.axes[0] = p0;
-      v.axes[1] = p1;
-      if (p0.kind == placement_kind::split && p1.kind == placement_kind::split &&
-          p0.dim == p1.dim) {
-        v.axes[1].order = 1;  // dp major
-        out.push_back(v);
-        v.axes[0].order = 1;  // tp major
-        v.axes[1].order = 0;
-      }
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
 template <class Mesh>
 std::uint64_t planned_bytes(const transition_plan& plan, layout_value v,
                             const std::array<std::size_t, 3>& g, const Mesh& m, std::size_t elem) {
@@ -54,7 +28,7 @@ std::uint64_t planned_bytes(const transition_plan& plan, layout_value v,
 }
 
 TEST_CASE("every layout pair round-trips values and counts the planned bytes") {
-  const auto layouts = all_layouts();
+  const auto layouts = layouts_on_two_axes("abc");
   REQUIRE(layouts.size() == 28);
   std::mt19937 rng(1234);  // same stream on every rank
   for (const auto& shape : mesh_shapes()) {

@@ -266,18 +266,31 @@ struct group_types<std::index_sequence<K...>, std::tuple<Layouts...>, std::tuple
 };
 }  // namespace detail
 
+namespace detail {
+// Forms the group, runs it (Blocking) or issues its first collective, and returns the
+// handle whose wait() hands the tensors over.
+template <bool Blocking, class... Layouts, class... X>
+auto move_group(X&&... xs) {
+  using pending = typename group_types<std::index_sequence_for<X...>, std::tuple<Layouts...>,
+                                       std::tuple<X...>>::pending;
+  auto [mesh, group, extents] =
+      make_group<Layouts...>(std::index_sequence_for<X...>{}, std::forward<X>(xs)...);
+  if constexpr (Blocking) {
+    group->run();
+  } else {
+    group->start();
+  }
+  return pending(*mesh, std::move(group), std::move(extents));
+}
+}  // namespace detail
+
 // Issues the group's first collective now (non-blocking) and returns a handle; wait()
 // completes the rest and returns the tensors, a std::tuple, in their new layouts.
 template <class... Layouts, sharded_tensor... X>
 [[nodiscard]] auto redistribute_async(X&&... xs) {
   static_assert(detail::group_check<std::tuple<Layouts...>, std::tuple<X...>>::reported);
   if constexpr (detail::group_ok<std::tuple<Layouts...>, std::tuple<X...>>) {
-    using pending = typename detail::group_types<std::index_sequence_for<X...>,
-                                                 std::tuple<Layouts...>, std::tuple<X...>>::pending;
-    auto [mesh, group, extents] =
-        detail::make_group<Layouts...>(std::index_sequence_for<X...>{}, std::forward<X>(xs)...);
-    group->start();
-    return pending(*mesh, std::move(group), std::move(extents));
+    return detail::move_group<false, Layouts...>(std::forward<X>(xs)...);
   }
 }
 
@@ -286,12 +299,7 @@ template <class... Layouts, sharded_tensor... X>
 auto redistribute_all(X&&... xs) {
   static_assert(detail::group_check<std::tuple<Layouts...>, std::tuple<X...>>::reported);
   if constexpr (detail::group_ok<std::tuple<Layouts...>, std::tuple<X...>>) {
-    using pending = typename detail::group_types<std::index_sequence_for<X...>,
-                                                 std::tuple<Layouts...>, std::tuple<X...>>::pending;
-    auto [mesh, group, extents] =
-        detail::make_group<Layouts...>(std::index_sequence_for<X...>{}, std::forward<X>(xs)...);
-    group->run();
-    return pending(*mesh, std::move(group), std::move(extents)).wait();
+    return detail::move_group<true, Layouts...>(std::forward<X>(xs)...).wait();
   }
 }
 
