@@ -255,6 +255,10 @@ inline const std::vector<option>& options() {
                          "Ulysses sequence-parallel ranks, dividing the ranks: the\n"
                          "sequence split over them, the attention over heads by\n"
                          "all-to-alls; with --tp, tp splits inside each sp block"),
+      number_option<int>("--hsdp", "N", &zf::hsdp, 1, std::numeric_limits<int>::max(),
+                         "hybrid sharding (HSDP): the data-parallel ranks in N replica\n"
+                         "groups; ZeRO partitions within a group (dp) and the groups hold\n"
+                         "replicas (dp_rep: gradients all-reduced across, one shard each)"),
       switch_option("--checked", &zf::checked,
                     "checked mode (as ZEST_CHECKED=1): before every collective the\n"
                     "ranks compare what they call, so a mismatch is an error naming\n"
@@ -641,11 +645,17 @@ void check_run(const flags& f, int world, int ranks_here) {
   if (f.moe && f.ep > 0 && f.experts % static_cast<std::size_t>(f.ep) != 0)
     fail("--ep " + std::to_string(f.ep) + " does not divide --experts " +
          std::to_string(f.experts));
+  flags unreplicated = f;
+  unreplicated.hsdp = 1;
+  const int dp_ranks = mesh_sizes(unreplicated, world)[1];
+  if (dp_ranks % f.hsdp != 0)
+    fail("--hsdp " + std::to_string(f.hsdp) + " does not divide the " + std::to_string(dp_ranks) +
+         " data-parallel ranks that --tp, --sp and --ep leave");
   check_memory(f, mesh_sizes(f, world), ranks_here);
 }
 
-std::array<int, 4> mesh_sizes(const flags& f, int world) {
-  const int data = world / (f.tp * f.sp);  // dp x ep
+mesh_sizes_t mesh_sizes(const flags& f, int world) {
+  const int data = world / (f.tp * f.sp);  // dp_rep x dp x ep
   int ep = f.ep;
   if (ep == 0) {
     ep = 1;
@@ -655,17 +665,19 @@ std::array<int, 4> mesh_sizes(const flags& f, int world) {
       }
     }
   }
-  return {data / ep, ep, f.tp, f.sp};
+  return {f.hsdp, data / ep / f.hsdp, ep, f.tp, f.sp};
 }
 
-memory_need estimate_memory(const flags& given, std::array<int, 4> sizes) {
+memory_need estimate_memory(const flags& given, mesh_sizes_t sizes) {
   memory_need m;
   flags f = given;
   resolve_arch(f);  // llama: the kv heads and hidden width the model will have
   // Rank 0: the one that holds the most. The planner plans its blocks over tp and ep (the
-  // model's shape for them: zest::gpt_shape, llama_shape) under ZeRO over dp.
-  const zest::mesh_shape<"dp", "ep"> mesh(std::array<int, 2>{sizes[0], sizes[1]});
-  const auto tp_ranks = static_cast<std::size_t>(sizes[2]);
+  // model's shape for them: zest::gpt_shape, llama_shape) under ZeRO over dp, replicated
+  // over dp_rep.
+  const zest::mesh_shape<"dp_rep", "dp", "ep"> mesh(
+      std::array<int, 3>{sizes[0], sizes[1], sizes[2]});
+  const auto tp_ranks = static_cast<std::size_t>(sizes[3]);
   const zest::training_precision& precision =
       f.precision == "fp32" ? zest::fp32_adam : zest::mixed_precision_adam;
   // The planner's figure is a sum over parameters, and the blocks are alike but for the
@@ -678,13 +690,15 @@ memory_need estimate_memory(const flags& given, std::array<int, 4> sizes) {
     zest::model_shape shape = f.arch == "llama"
                                   ? llama_example::llama_shape(llama_options_of(g, 256), tp_ranks)
                                   : zest::gpt_shape(gpt_arch::options(g, 256), tp_ranks,
-                                                    static_cast<std::size_t>(sizes[1]));
+                                                    static_cast<std::size_t>(sizes[2]));
     // ZeRO splits an expert parameter on its second dim (the layer's split_dim_named: its
     // first, the experts, is split over ep), where the planner splits the first: swap them.
     for (auto& p : shape.parameters) {
       if (p.name.find(".moe.experts.") != std::string::npos) std::swap(p.extents[0], p.extents[1]);
     }
-    return static_cast<double>(zest::plan_zero(f.zero, shape, mesh, precision).memory.total());
+    return static_cast<double>(
+        zest::plan_zero<"dp", zest::split_first_dim, "dp_rep">(f.zero, shape, mesh, precision)
+            .memory.total());
   };
   const double one = plan_of(1), two = plan_of(2), three = plan_of(3);
   const double dense_block = three - two, odd_block = two - one;  // odd: an expert layer
@@ -700,8 +714,8 @@ memory_need estimate_memory(const flags& given, std::array<int, 4> sizes) {
   // sequence over sp and tp: the stream is split along the sequence over both, and inside
   // the regions that gather it, tp splits the features (heads, the MLP's hidden layer, the
   // vocabulary) and Ulysses' all-to-alls give sp a share of the heads.
-  const double tokens = std::ceil(static_cast<double>(f.batch) / (sizes[0] * sizes[1])) *
-                        std::ceil(static_cast<double>(f.context) / (sizes[2] * sizes[3]));
+  const double tokens = std::ceil(static_cast<double>(f.batch) / (sizes[0] * sizes[1] * sizes[2])) *
+                        std::ceil(static_cast<double>(f.context) / (sizes[3] * sizes[4]));
   // Per block, GPT: the block's input, the normalised inputs, the attention's projection,
   // the residual sums and the MLP's hidden layer before and after GELU (12 widths), and q,
   // k, v and the attention output (4 widths). llama: the block's input, the projection and
@@ -712,10 +726,10 @@ memory_need estimate_memory(const flags& given, std::array<int, 4> sizes) {
   // rank holds ceil(ceil(heads / tp) / sp) of them (llama: of the kv heads, with their
   // groups; Ulysses splits the heads over sp inside tp), more than its share where tp and
   // sp do not divide them.
-  const double tp = sizes[2];
+  const double tp = sizes[3];
   const bool llama = f.arch == "llama";
   const double heads = static_cast<double>(llama ? f.kv_heads : f.heads);
-  const double sp = sizes[3];
+  const double sp = sizes[4];
   const double head_share = std::ceil(std::ceil(heads / tp) / sp) * tp * sp / heads;
   const double per_block_widths = (llama ? 2 * w + 4 * static_cast<double>(f.hidden) : 12 * w) +
                                   (llama ? 6 : 4) * w * head_share + 2 * w * tp;
@@ -727,7 +741,7 @@ memory_need estimate_memory(const flags& given, std::array<int, 4> sizes) {
   const double routed = static_cast<double>(f.top_k) * (f.moe_dropless ? 1.0 : f.capacity_factor);
   const double moe_per_block =
       f.moe ? (static_cast<double>(f.experts) + 2 * w * routed + 2 * hidden * routed) * tp *
-                  static_cast<double>(sizes[3])
+                  static_cast<double>(sizes[4])
             : 0.0;
   // Recomputation: selective keeps the blocks' values but not their scores, which backward
   // rebuilds one block at a time; full keeps each block's input only and rebuilds one whole
@@ -746,7 +760,7 @@ memory_need estimate_memory(const flags& given, std::array<int, 4> sizes) {
   return m;
 }
 
-void check_memory(const flags& f, std::array<int, 4> sizes, int ranks_here) {
+void check_memory(const flags& f, mesh_sizes_t sizes, int ranks_here) {
   const memory_need m = estimate_memory(f, sizes);
   const double available = machine_memory_bytes();
   const double need = m.total() * ranks_here;
@@ -852,7 +866,7 @@ void resolve_schedule(flags& f, const zest::json::value* saved, bool root) {
 
 #if !defined(ZEST_TRAIN_GPT_CUDA)
 // This build has no CUDA (ZEST_CUDA=OFF, or no nvcc/NCCL found): --device cuda says so.
-int train_gpt_example::train_on_cuda(const flags&, const zest::text_dataset&, std::array<int, 4>) {
+int train_gpt_example::train_on_cuda(const flags&, const zest::text_dataset&, mesh_sizes_t) {
   throw std::invalid_argument(
       "train_gpt: --device cuda: this build has no CUDA backend; configure with "
       "-DZEST_CUDA=ON on a machine with the CUDA toolkit and NCCL (scripts/gpu-check does)");
@@ -895,7 +909,7 @@ int main(int argc, char** argv) {
     resolve_schedule(f, saved_schedule, rank == 0);
     if (resumed && resumed->metadata.is_object())
       check_resumed_model(f, resumed->metadata.find("config"));
-    const std::array<int, 4> sizes = mesh_sizes(f, world);
+    const mesh_sizes_t sizes = mesh_sizes(f, world);
     const auto data = f.corpus.empty() ? zest::text_dataset::from_path()
                                        : zest::text_dataset::from_path(f.corpus);
     if (f.device == "cuda") return train_on_cuda(f, data, sizes);

@@ -44,19 +44,22 @@
 
 namespace train_gpt_example {
 
-// Data-parallel ranks "dp" times expert-parallel ranks "ep" (--ep, 1 unless --moe) times
-// tensor-parallel ranks "tp" (--tp) times Ulysses' sequence-parallel ranks "sp" (--sp), on a
-// zest::mesh (--device cpu) or a zest::cuda_mesh (--device cuda, "dp" x "ep" only): train<P>
-// takes the mesh type from the policy, and nothing else in it knows where the tensors live.
-// The batch is split over dp and ep; where the mesh has "sp" and "tp", the sequence is split
+// Replica groups "dp_rep" (--hsdp, 1 unless asked) times data-parallel ranks "dp" times
+// expert-parallel ranks "ep" (--ep, 1 unless --moe) times tensor-parallel ranks "tp" (--tp)
+// times Ulysses' sequence-parallel ranks "sp" (--sp), on a zest::mesh (--device cpu) or a
+// zest::cuda_mesh (--device cuda, "dp_rep" x "dp" x "ep" only): train<P> takes the mesh type
+// from the policy, and nothing else in it knows where the tensors live. ZeRO partitions over
+// dp and replicates over dp_rep (hybrid sharding: zero_stage<K, "dp">::replicated_over<
+// "dp_rep">; with one replica group, plain ZeRO over dp).
+// The batch is split over dp_rep, dp and ep; where the mesh has "sp" and "tp", the sequence is split
 // over them (tp nested inside sp), so the models run Ulysses' attention over sp and
 // Megatron's sequence parallelism between their tensor-parallel regions over tp
 // (zest/nn/tensor_parallel.hpp); an axis of one rank moves nothing.
 template <class Mesh>
-using token_layout =
-    std::conditional_t<zest::has_tensor_axis<Mesh>,
-                       zest::layout<zest::split<'b', "dp", "ep">, zest::split<'t', "sp", "tp">>,
-                       zest::layout<zest::split<'b', "dp", "ep">>>;
+using token_layout = std::conditional_t<
+    zest::has_tensor_axis<Mesh>,
+    zest::layout<zest::split<'b', "dp_rep", "dp", "ep">, zest::split<'t', "sp", "tp">>,
+    zest::layout<zest::split<'b', "dp_rep", "dp", "ep">>>;
 
 struct flags {
   int zero = 3;
@@ -93,6 +96,7 @@ struct flags {
   bool moe_capacity = false;    // --moe-capacity: GShard's capacity routing (the default)
   bool moe_dropless = false;    // --moe-dropless: every expert computes exactly its tokens
   double bias_update_rate = 0;  // balancing without an aux loss: the routing bias's step
+  int hsdp = 1;                 // replica groups of the ZeRO shards (hybrid sharding)
   int ep = 0;                   // 0: as many as the experts and ranks allow
   int tp = 1;
   int sp = 1;
@@ -204,8 +208,10 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
 // `ranks_here` ranks on this machine. Throws std::invalid_argument naming the options.
 void check_run(const flags& f, int world, int ranks_here);
 
-// The mesh's sizes {dp, ep, tp, sp} for `world` ranks (--ep, or its default, --tp, --sp).
-std::array<int, 4> mesh_sizes(const flags& f, int world);
+// The mesh's sizes {dp_rep, dp, ep, tp, sp} for `world` ranks (--hsdp, --ep or its default,
+// --tp, --sp).
+using mesh_sizes_t = std::array<int, 5>;
+mesh_sizes_t mesh_sizes(const flags& f, int world);
 
 // What a run needs per rank, estimated before anything is allocated: the model states by
 // the ZeRO planner (zest::plan_zero, for the largest byte vocabulary), the activations of
@@ -215,10 +221,10 @@ struct memory_need {
   double model_states = 0, activations = 0, bookkeeping = 0;
   double total() const { return model_states + activations + bookkeeping; }
 };
-memory_need estimate_memory(const flags& f, std::array<int, 4> sizes);
+memory_need estimate_memory(const flags& f, mesh_sizes_t sizes);
 // Throws std::invalid_argument, with the figures and the options behind the largest, when
 // `ranks_here` times the need exceeds the machine's memory (RAM, or the cgroup's limit).
-void check_memory(const flags& f, std::array<int, 4> sizes, int ranks_here);
+void check_memory(const flags& f, mesh_sizes_t sizes, int ranks_here);
 
 // --arch llama: sets --kv-heads (default --heads) and --hidden (default
 // llama_example::default_hidden) where not given, so that the log and the checkpoint's config
@@ -452,15 +458,16 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
 
 template <class Mesh, class Param, class Arch = gpt_arch>
 int train_with_precision(const flags& f, const Mesh& mesh, const zest::text_dataset& data) {
-  return zest::with_zero_stage(f.zero, [&](auto stage) {
+  return zest::with_zero_stage<"dp", zest::split_first_dim, "dp_rep">(f.zero, [&](auto stage) {
     return train<zest::training_policy<Mesh, decltype(stage), Param>, Arch>(f, mesh, data);
   });
 }
 
-// The mesh over all ranks ("dp" x "ep" x "tp" x "sp" = sizes; a mesh of two axes takes the
-// first two, tp and sp being 1) and the run of the model in the precision asked for.
+// The mesh over all ranks ("dp_rep" x "dp" x "ep" x "tp" x "sp" = sizes; a mesh of three
+// axes takes the first three, tp and sp being 1) and the run of the model in the precision
+// asked for.
 template <class Mesh, class Arch, class... Precisions>
-int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 4> sizes) {
+int train_on(const flags& f, const zest::text_dataset& data, mesh_sizes_t sizes) {
   std::array<int, Mesh::axis_count> own{};
   for (std::size_t a = 0; a < own.size(); ++a) own[a] = sizes[a];
   const Mesh mesh(MPI_COMM_WORLD, own);
@@ -477,9 +484,9 @@ int train_on(const flags& f, const zest::text_dataset& data, std::array<int, 4> 
 // of train_with_precision<cpu_mesh, ...>, declared extern in train_gpt.cpp), and those of
 // --arch llama in train_gpt_llama_fp32.cpp, ... (train_with_precision<cpu_mesh, ...,
 // llama_arch>).
-using cpu_mesh = zest::mesh<"dp", "ep", "tp", "sp">;
+using cpu_mesh = zest::mesh<"dp_rep", "dp", "ep", "tp", "sp">;
 
 // --device cuda: defined in train_gpt_cuda.cu, compiled by nvcc when the build has CUDA.
-int train_on_cuda(const flags& f, const zest::text_dataset& data, std::array<int, 4> sizes);
+int train_on_cuda(const flags& f, const zest::text_dataset& data, mesh_sizes_t sizes);
 
 }  // namespace train_gpt_example

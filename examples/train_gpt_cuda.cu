@@ -7,12 +7,12 @@
 #include <cstdio>
 
 int train_gpt_example::train_on_cuda(const flags& f, const zest::text_dataset& data,
-                                     std::array<int, 4> sizes) {
+                                     mesh_sizes_t sizes) {
   // No driver or no device: the "no usable GPU" code (77) on every rank, with CUDA's reason;
   // any other failure of CUDA's start throws and takes the job down as an error.
   if (const auto seen = zest::cuda::visible_devices(); seen.count == 0) {
     std::fprintf(stderr, "train_gpt: --device cuda: no usable GPU: %s\n", seen.why_none.c_str());
     return 77;
   }
-  return train_on<zest::cuda_mesh<"dp", "ep">, gpt_arch>(f, data, sizes);
+  return train_on<zest::cuda_mesh<"dp_rep", "dp", "ep">, gpt_arch>(f, data, sizes);
 }

@@ -32,29 +32,6 @@ using saving_policy = training_policy<world_mesh, zero_stage<1>, float>;
 using loading_policy = training_policy<world_mesh, zero_stage<3>, float>;
 using single_policy = training_policy<world_mesh, zero_stage<0>, float>;
 
-std::filesystem::path shared_temp_dir(const char* tag) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  long id = static_cast<long>(::getpid());
-  MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zest-train-" + std::string(tag) + "-" + std::to_string(id));
-  if (rank == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir;
-}
-
-void check_same_losses(const std::vector<double>& got, const std::vector<double>& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t k = 0; k < got.size(); ++k) {
-    INFO("step " << k << ": " << got[k] << " vs " << want[k]);
-    CHECK(std::abs(got[k] - want[k]) <= 1e-5 * std::abs(want[k]));
-  }
-}
-
 TEST_CASE("a run saved on 2 ranks resumes on N ranks and on 1 with the same losses") {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -160,21 +160,6 @@ TEST_CASE("emulated backend: an inf under float16 skips the step on every rank")
   CHECK(std::isfinite(next.front()));
 }
 
-std::filesystem::path shared_temp_dir(const char* tag) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  long id = static_cast<long>(::getpid());
-  MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zest-emulated-" + std::string(tag) + "-" + std::to_string(id));
-  if (rank == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir;
-}
-
 TEST_CASE("emulated backend: a checkpoint saved on the emulated mesh loads on the host") {
   using saving = policy<emulated, 3, bfloat16>;
   using loading = policy<world_mesh, 2, bfloat16>;

@@ -22,9 +22,9 @@
       for every stage, 20 steps on each number of ranks against 20 steps on 1 rank: every
       step's loss to 1e-5 relative, and every tensor of the final checkpoint (parameters,
       master weights, Adam moments) to 1e-5 relative (absolute below 1); the loss decreases;
-      the log names the model (--arch and its config). An entry N/tpK/spJ of --ranks runs
-      N ranks with --tp K and --sp J (either may be left out; the data axis takes the rest);
-      the log's mesh must say so. Every run's peak bytes stay within the memory estimated
+      the log names the model (--arch and its config). An entry N/tpK/spJ/hsdpH of --ranks
+      runs N ranks with --tp K, --sp J and --hsdp H (any may be left out; the data axis
+      takes the rest); the log's mesh must say so (hsdp H: dp_rep=H). Every run's peak bytes stay within the memory estimated
       before it, and the activations estimated per rank are less than the 1-rank run's
       and at least 1/N of them.
   train_gpt_checks.py recompute --dir D -- PREFIX...
@@ -319,14 +319,19 @@ def estimate_holds(what, j):
     return need
 
 
+# The mesh axis of each --ranks option: --tp, --sp, --hsdp (the replica groups, "dp_rep").
+MESH_AXIS = {"tp": "tp", "sp": "sp", "hsdp": "dp_rep"}
+
+
 def cmd_ranks(a):
     fresh(a.dir)
     ranks = []
     for r in a.ranks.split(","):
         n, *axes = r.split("/")
-        sizes = {a[:2]: int(a[2:]) for a in axes}  # tpK, spK
-        if set(sizes) - {"tp", "sp"}:
-            fail("--ranks entry %r: expected N[/tpK][/spK]" % r)
+        sizes = {a.rstrip("0123456789"): int(a[len(a.rstrip("0123456789")):] or 0)
+                 for a in axes}  # tpK, spK, hsdpK
+        if set(sizes) - set(MESH_AXIS) or 0 in sizes.values():
+            fail("--ranks entry %r: expected N[/tpK][/spK][/hsdpK]" % r)
         ranks.append((int(n), sizes))
     stages = [int(s) for s in a.stages.split(",")]
     mpi = lambda n: [a.mpiexec, a.np_flag, str(n), a.train_gpt] + a.args
@@ -354,7 +359,8 @@ def cmd_ranks(a):
             run(mpi(n) + base + extra + ["--log", log, "--save", ckpt])
             j = read_log(log)
             mesh = j["run"].get("mesh", "")
-            for axis, k in sizes.items():
+            for flag, k in sizes.items():
+                axis = MESH_AXIS[flag]
                 if ("%s=%d" % (axis, k)) not in mesh:
                     fail("%s: the log's mesh %r has no %s=%d" % (name, mesh, axis, k))
             what = "ZeRO-%d on %d ranks%s" % (

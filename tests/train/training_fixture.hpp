@@ -3,11 +3,15 @@
 // corpus, and runs.
 #pragma once
 
+#include <doctest/doctest.h>
 #include <mpi.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -86,6 +90,48 @@ std::vector<double> train_steps(zero_engine<P>& engine, const Model& model, std:
         train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k)).loss);
   }
   return losses;
+}
+
+// A fresh directory that every rank of the job names alike (rank 0 makes it): for checkpoints.
+inline std::filesystem::path shared_temp_dir(const char* tag) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  long id = static_cast<long>(::getpid());
+  MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zest-train-" + std::string(tag) + "-" + std::to_string(id));
+  if (rank == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
+// Two runs' losses, step by step, to `relative`.
+inline void check_same_losses(const std::vector<double>& got, const std::vector<double>& want,
+                              double relative = 1e-5) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    INFO("step " << k << ": " << got[k] << " vs " << want[k]);
+    CHECK(std::abs(got[k] - want[k]) <= relative * std::abs(want[k]));
+  }
+}
+
+// Two runs' parameters (parameter_values), element by element, to `absolute`.
+inline void check_same_parameters(const std::map<std::string, std::vector<float>>& got,
+                                  const std::map<std::string, std::vector<float>>& want,
+                                  double absolute = 1e-5) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, values] : got) {
+    const auto& ref = want.at(name);
+    REQUIRE(values.size() == ref.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(values[i] - ref[i])));
+    INFO("parameter " << name << ": largest difference " << worst);
+    CHECK(worst <= absolute);
+  }
 }
 
 }  // namespace zest::testing

@@ -38,23 +38,9 @@ struct zero_stage_checks {
     const auto ref_losses = train_steps(ref_engine, ref_model, 0, 20);
     const auto ref_params = parameter_values(ref_engine);
 
-    REQUIRE(losses.size() == ref_losses.size());
-    for (std::size_t k = 0; k < losses.size(); ++k) {
-      INFO("step " << k << ": " << losses[k] << " vs " << ref_losses[k]);
-      CHECK(std::abs(losses[k] - ref_losses[k]) <= 1e-5 * std::abs(ref_losses[k]));
-    }
+    check_same_losses(losses, ref_losses);
     CHECK(losses.back() < losses.front() - 0.3);  // it learns
-
-    REQUIRE(params.size() == ref_params.size());
-    for (const auto& [name, values] : params) {
-      const auto& ref = ref_params.at(name);
-      REQUIRE(values.size() == ref.size());
-      double worst = 0;
-      for (std::size_t i = 0; i < values.size(); ++i)
-        worst = std::max(worst, static_cast<double>(std::abs(values[i] - ref[i])));
-      INFO("parameter " << name << ": largest difference " << worst);
-      CHECK(worst <= 1e-5);
-    }
+    check_same_parameters(params, ref_params);
   }
 
   // bytes communicated per step equal the formula

@@ -32,9 +32,9 @@ static_assert(lay<1> == zero_layouts{rep, rep, part, shard, part, shard, shard})
 static_assert(lay<2> == zero_layouts{rep, rep, part, shard, shard, shard, shard});
 static_assert(lay<3> == zero_layouts{shard, rep, part, shard, shard, shard, shard});
 
-// The gradient is the dual of the use, at every stage.
-static_assert(lay<3>.gradient == detail::dual_of_use(lay<3>.compute, 0));
-static_assert(detail::dual_of_use(part, 0) == rep && detail::dual_of_use(shard, 0) == shard);
+// The gradient is the dual of the use on the data axes (a mask: here axis 0), at every stage.
+static_assert(lay<3>.gradient == detail::dual_of_use(lay<3>.compute, 1U));
+static_assert(detail::dual_of_use(part, 1U) == rep && detail::dual_of_use(shard, 1U) == shard);
 
 // The layout types are the spellings a tensor can be declared with.
 static_assert(std::is_same_v<zero_stage<3>::stored_layout<"mh">, layout<split<'m', "dp">>>);

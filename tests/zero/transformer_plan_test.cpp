@@ -260,6 +260,43 @@ TEST_CASE("cost model: a data-parallel step by hand") {
         doctest::Approx(tm.compute_seconds + tm.memory_seconds + tm.data.seconds));
 }
 
+TEST_CASE("cost model: hybrid sharding prices dp and dp_rep on their own links") {
+  // ZeRO-3 within dp = 2, 2 replica groups (dp_rep), fp32, one micro-batch: dp carries
+  // ZeRO-3's 3 Psi (n-1)/n elements, dp_rep the all-reduce of each rank's reduced gradient
+  // shard, 2 (Psi/n) (r-1)/r (hsdp_formula), each priced on its own link.
+  const transformer_config c = tiny(2);
+  parallel_layout p;
+  p.dp = 2;
+  p.dp_replicas = 2;
+  p.zero_stage = 3;
+  p.micro_batch = 2;
+  CHECK(p.world() == 4);
+  cluster cl;
+  cl.data = {1e10, 1e-6};         // inside a node
+  cl.data_replica = {1e8, 1e-5};  // across nodes
+  const auto t = estimate_step(c, p, cl, fp32_adam);
+  const auto psi = static_cast<double>(plan_transformer(c, p).parameter_count);
+  const hsdp_formula_values f = hsdp_formula(3, psi, 2, 2, fp32_adam);
+  CHECK(t.data.bytes_sent == doctest::Approx(4 * f.elements_sent_shard).epsilon(0.05));
+  CHECK(t.replica.bytes_sent == doctest::Approx(4 * f.elements_sent_replica).epsilon(0.05));
+  CHECK(f.elements_sent_replica == doctest::Approx(psi / 2));
+  // One all-reduce per group (2 layers + 1) over 2 replicas on the slow link.
+  CHECK(t.replica.calls == 3);
+  CHECK(t.replica.seconds == doctest::Approx(3 * 2 * 1e-5 + t.replica.bytes_sent / 1e8));
+  CHECK(t.global_tokens == 2 * 4 * 4);  // 2 sequences of 4 on each of the 4 data ranks
+  CHECK(t.communication_seconds() == doctest::Approx(t.data.seconds + t.replica.seconds));
+  // The same world as plain ZeRO-3 over dp = 4: all its bytes on the slow link.
+  parallel_layout flat = p;
+  flat.dp = 4;
+  flat.dp_replicas = 1;
+  cluster slow = cl;
+  slow.data = cl.data_replica;
+  const auto t_flat = estimate_step(c, flat, slow, fp32_adam);
+  CHECK(t_flat.replica.calls == 0);
+  CHECK(t_flat.data.bytes_sent > 4 * t.replica.bytes_sent);
+  CHECK(t.communication_seconds() < t_flat.communication_seconds());
+}
+
 TEST_CASE("cost model: Megatron's tensor-parallel collectives, with and without SP") {
   const transformer_config c = tiny(2);
   parallel_layout p;

@@ -246,6 +246,11 @@ struct transition_shape {
   std::array<int, max_axes> sizes{};
   std::uint8_t rank = 0;        // number of dims
   std::uint8_t axis_count = 0;  // number of mesh axes
+  // An element sent over axis a counts 1 + penalty[a] times in the price (0: every axis
+  // alike). ZeRO's hybrid sharding prices its replica axes, the ones across nodes, higher
+  // (zero_transition_shape in zest/zero/stage.hpp), so that among plans of equal bytes the
+  // search sends the fewest over them.
+  std::array<std::uint8_t, max_axes> penalty{};
   constexpr bool operator==(const transition_shape&) const = default;
 };
 
@@ -351,6 +356,11 @@ constexpr std::size_t step_cost(const transition_step& s, const layout_value& v,
   }
   return worst;
 }
+// What the planner adds up: step_cost weighed by the step axis' penalty.
+constexpr std::size_t step_price(const transition_step& s, const layout_value& v,
+                                 const transition_shape& sh) {
+  return step_cost(s, v, sh) * (1U + sh.penalty[s.axis]);
+}
 
 }  // namespace detail
 
@@ -359,7 +369,7 @@ constexpr transition_cost cost_of(const transition_plan& plan, layout_value from
                                   const transition_shape& shape) {
   transition_cost c{};
   for (const auto& s : plan) {
-    c.elements += detail::step_cost(s, from, shape);
+    c.elements += detail::step_price(s, from, shape);
     c.collectives += is_collective(s.kind) ? 1U : 0U;
     c.steps += 1;
     from = detail::after_step(from, s);
@@ -539,7 +549,7 @@ constexpr transition_plan search_transition(const layout_value& from, const layo
       std::int32_t i = find(next, slot);
       if (i >= 0 && ws.nodes[static_cast<std::size_t>(i)].heap_at < 0) return;  // closed
       transition_cost c = paid;
-      c.elements += step_cost(s, here, shape);
+      c.elements += step_price(s, here, shape);
       c.collectives += is_collective(s.kind) ? 1U : 0U;
       c.steps += 1;
       if (fixed_allowed && !c.strictly_cheaper_than(bound)) return;  // cannot beat the incumbent
@@ -611,7 +621,7 @@ inline transition_plan cached_transition_plan(const layout_value& from, const la
   std::uint64_t h = search_key(from) * 31U + search_key(to) + axes;
   for (std::size_t i = 0; i < shape.rank; ++i) h = h * 1000003U + shape.extents[i];
   for (std::size_t a = 0; a < shape.axis_count; ++a)
-    h = h * 131U + static_cast<std::uint64_t>(shape.sizes[a]);
+    h = h * 131U + static_cast<std::uint64_t>(shape.sizes[a]) * 7U + shape.penalty[a];
   entry& e = cache[static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ULL) >> 58U)];
   if (!e.used || e.from != from || e.to != to || e.axes != axes || !(e.shape == shape)) {
     e = entry{from, to, shape, axes, plan_transition(from, to, shape, axes), true};

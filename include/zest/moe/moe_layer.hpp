@@ -99,21 +99,22 @@ struct no_expert_axis {
 template <class Mesh, fixed_string ExpertAxis>
 struct expert_axis_is_data_axis {
   static_assert(never<Mesh>,
-                "zest moe_layer: the expert axis is the ZeRO data axis (shown above); experts are "
-                "split over their own axis, and ZeRO partitions them over the data axis. Fix: a "
-                "mesh with a separate expert axis, e.g. mesh<\"dp\", \"ep\">.");
+                "zest moe_layer: the expert axis is one of the ZeRO stage's data axes (shown "
+                "above); experts are split over their own axis, and ZeRO partitions them over "
+                "the data axes. Fix: a mesh with a separate expert axis, e.g. "
+                "mesh<\"dp\", \"ep\">.");
 };
 }  // namespace layer_error
 
 namespace detail {
-template <class Mesh, fixed_string ExpertAxis, std::size_t DataAxis, std::size_t Experts,
+template <class Mesh, fixed_string ExpertAxis, unsigned DataMask, std::size_t Experts,
           std::size_t ExpertAxisSize>
 constexpr bool check_layer() {
   constexpr std::size_t axis = axis_named<Mesh>(view_of<ExpertAxis>);
   if constexpr (axis == Mesh::axis_count) {
     (void)layer_error::no_expert_axis<Mesh, ExpertAxis>{};
     return false;
-  } else if constexpr (axis == DataAxis) {
+  } else if constexpr ((DataMask >> axis & 1U) != 0) {
     (void)layer_error::expert_axis_is_data_axis<Mesh, ExpertAxis>{};
     return false;
   } else if constexpr (Experts != 0 && ExpertAxisSize != 0 &&
@@ -149,7 +150,7 @@ template <training_policy_type P, fixed_string ExpertAxis = "ep", std::size_t Ex
           std::size_t ExpertAxisSize = 0>
 class moe_layer {
   using mesh_t = typename P::mesh_type;
-  static_assert(detail::check_layer<mesh_t, ExpertAxis, P::data_axis, Experts, ExpertAxisSize>());
+  static_assert(detail::check_layer<mesh_t, ExpertAxis, P::data_mask, Experts, ExpertAxisSize>());
   static constexpr std::size_t expert_axis = detail::axis_named<mesh_t>(view_of<ExpertAxis>);
   using expert_base = layout<split<'e', ExpertAxis>>;
   static constexpr layout_value scalar_layout = detail::pending_everywhere(mesh_t::axis_count);

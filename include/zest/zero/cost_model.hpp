@@ -28,6 +28,9 @@
 //             produces (transformer_activation_bytes without recomputation, per micro-batch)
 //             moved `activation_passes` times (3: written in forward, read in backward,
 //             their gradients written; one more under full recomputation) at that bandwidth.
+//   dp_rep    hybrid sharding (parallel_layout::dp_replicas > 1): the replica axis's share of
+//             ZeRO's phases (the all-reduce of each rank's reduced gradient shard) on
+//             cluster::data_replica, the inter-node link; dp's share stays on cluster::data.
 //   dp        ZeRO's collectives from plan_zero's phases (per micro-batch: stage 3's gathers,
 //             stages 2-3's gradient reduce-scatter; per step: stages 0-1's gradient
 //             reduction and 1-2's all-gather of the updated parameters), one coalesced call
@@ -76,6 +79,7 @@ struct cluster {
   double memory_bandwidth = 0;   // bytes/s for the activations' traffic; 0: not modelled
   double activation_passes = 3;  // times each activation byte is moved per step
   axis_link data{};              // the dp axis
+  axis_link data_replica{};      // hybrid sharding's dp_rep axis (across nodes)
   axis_link tensor{};            // the tp axis
   axis_link expert{};            // the ep axis
 };
@@ -95,6 +99,7 @@ inline cluster dgx2_v100_cluster(double efficiency = 0.4) {
   c.tensor = {120e9, 5e-6};
   c.expert = c.tensor;
   c.data = {800e9 / 8 / 16, 20e-6};
+  c.data_replica = c.data;
   return c;
 }
 
@@ -109,6 +114,7 @@ inline cluster dgx_a100_cluster(double efficiency = 0.5) {
   c.tensor = {240e9, 5e-6};
   c.expert = c.tensor;
   c.data = {200e9 / 8, 20e-6};
+  c.data_replica = c.data;
   return c;
 }
 
@@ -155,11 +161,13 @@ struct step_estimate {
   double model_flops = 0;      // per GPU, without recomputation
   double compute_seconds = 0;  // the matrix products at efficiency x peak
   double memory_seconds = 0;   // the activations' traffic (cluster::memory_bandwidth)
-  axis_traffic data, tensor, expert;
+  axis_traffic data, replica, tensor, expert;  // replica: hybrid sharding's dp_rep
   bool overlap = false;
   double global_tokens = 0;  // per step
 
-  double communication_seconds() const { return data.seconds + tensor.seconds + expert.seconds; }
+  double communication_seconds() const {
+    return data.seconds + replica.seconds + tensor.seconds + expert.seconds;
+  }
   double total_seconds() const {
     return overlap ? std::max(compute_seconds + memory_seconds, communication_seconds())
                    : compute_seconds + memory_seconds + communication_seconds();
@@ -181,7 +189,7 @@ inline step_estimate estimate_step(const transformer_config& c, const parallel_l
   const double h = static_cast<double>(c.hidden), l = static_cast<double>(c.layers);
   const double micro = static_cast<double>(p.accumulation);
   const double tokens = b * s * micro;  // of one data rank (dp x ep) per step
-  out.global_tokens = tokens * p.dp * p.ep;
+  out.global_tokens = tokens * p.dp_replicas * p.dp * p.ep;
 
   // Compute.
   const double dense =
@@ -208,7 +216,7 @@ inline step_estimate estimate_step(const transformer_config& c, const parallel_l
     out.memory_seconds = produced * passes / cl.memory_bandwidth;
   }
 
-  // dp: ZeRO's phases.
+  // dp (and dp_rep under hybrid sharding): ZeRO's phases, each axis on its own link.
   const double groups = l + 1;
   const double e = static_cast<double>(precision.parameter_bytes);
   for (zero_phase phase : zero_phases) {
@@ -217,10 +225,15 @@ inline step_estimate estimate_step(const transformer_config& c, const parallel_l
                            phase == zero_phase::backward_gather ||
                            (phase == zero_phase::gradient_reduction && p.zero_stage >= 2);
     const double times = per_micro ? micro : 1;
-    for (std::size_t k = 0; k < collective_kinds; ++k) {
-      if (pt.calls[k] == 0) continue;
-      out.data.add_sent(static_cast<collective>(k), p.dp,
-                        times * static_cast<double>(pt.bytes_by[k]), times * groups, cl.data);
+    for (std::size_t a = 0; a < plan.states.axes.size(); ++a) {
+      const bool replica = (plan.states.replica_mask >> a & 1U) != 0;
+      for (std::size_t k = 0; k < collective_kinds; ++k) {
+        if (pt.calls_on[a][k] == 0) continue;
+        (replica ? out.replica : out.data)
+            .add_sent(static_cast<collective>(k), replica ? p.dp_replicas : p.dp,
+                      times * static_cast<double>(pt.bytes_on[a][k]), times * groups,
+                      replica ? cl.data_replica : cl.data);
+      }
     }
   }
 

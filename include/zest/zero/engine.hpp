@@ -99,7 +99,6 @@ class zero_engine {
   using grad_type = typename P::grad_type;
   using backend_t = backend_of<mesh_t>;
   static constexpr int stage = P::stage::stage;
-  static constexpr std::size_t data = P::data_axis;
 
   struct group {
     std::string name;

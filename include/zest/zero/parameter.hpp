@@ -89,20 +89,26 @@ void accumulate(Acc* acc, const Add* add, std::size_t n) {
   if (n != 0) B::for_each(n, accumulate_fn<Acc, Add>{acc, add});
 }
 
-// `base` with the data axis's placement taken from `stage`. Where base splits the dim that
-// the stage splits too (a bias "h" split<'h', "tp">), the data axis nests innermost: it
-// splits each rank's block of the other axes.
-constexpr layout_value on_data_axis(layout_value base, const layout_value& stage, std::size_t a) {
-  axis_placement p = stage.axes[a];
-  if (p.kind == placement_kind::split) p.order = static_cast<std::uint8_t>(base.split_count(p.dim));
-  base.axes[a] = p;
-  return base;
+// `base` with the data axes' placements (`mask`) taken from `stage`. Where base splits the
+// dim that the stage splits too (a bias "h" split<'h', "tp">), the data axes nest innermost:
+// they split each rank's block of the other axes.
+constexpr layout_value on_data_axes(const layout_value& base, const layout_value& stage,
+                                    unsigned mask) {
+  layout_value out = base;
+  for (std::size_t a = 0; a < base.axis_count; ++a) {
+    if ((mask >> a & 1U) == 0) continue;
+    axis_placement p = stage.axes[a];
+    if (p.kind == placement_kind::split)
+      p.order = static_cast<std::uint8_t>(base.split_count(p.dim) + p.order);
+    out.axes[a] = p;
+  }
+  return out;
 }
-// `g` with its pending sums on axes other than the data axis resolved to `kept`'s placement.
+// `g` with its pending sums on axes other than the data axes resolved to `kept`'s placement.
 constexpr layout_value reduce_other_axes(layout_value g, const layout_value& kept,
-                                         std::size_t data) {
+                                         unsigned data_mask) {
   for (std::size_t a = 0; a < g.axis_count; ++a) {
-    if (a != data && g.is_partial(a)) g.axes[a] = kept.axes[a];
+    if ((data_mask >> a & 1U) == 0 && g.is_partial(a)) g.axes[a] = kept.axes[a];
   }
   return g;
 }
@@ -156,7 +162,7 @@ class parameter_slot {
   std::size_t compute_elements() const { return elements(compute_); }
 
   // ----- The transitions the engine runs in groups ---------------------------------------
-  // Stage 3: the stored shard -> the compute value (all-gather over the data axis), read in
+  // Stage 3: the stored shard -> the compute value (all-gather over the data axes), read in
   // place; take_gathered makes the result the compute value (converted to fp32).
   void add_gather(mover<param_type>& g) const {
     g.add(dims_, stored_.layout, gather_plan_, global_, stored_.local,
@@ -266,14 +272,14 @@ class parameter_slot {
     }
     return out;
   }
-  // The cheapest plan over the data axis alone, the one axis whose placement the stage's
+  // The cheapest plan over the data axes alone, the axes whose placements the stage's
   // layouts change (searched over every axis, a stage-0 all-reduce could go through the
-  // tensor-parallel replicas; the ZeRO formulas and the planner count the data axis's one
-  // step: docs/design-notes.md, "Transition order").
+  // tensor-parallel replicas; the ZeRO formulas and the planner count the data axes' steps:
+  // docs/design-notes.md, "Transition order").
   transition_plan plan_between(const state_shard& from, const state_shard& to) const {
-    return cached_transition_plan(from.layout, to.layout,
-                                  make_transition_shape(dims_, global_, mesh_->sizes()),
-                                  1U << P::data_axis);
+    return cached_transition_plan(
+        from.layout, to.layout,
+        zero_transition_shape(dims_, global_, mesh_->sizes(), P::replica_mask), P::data_mask);
   }
   // Set by the parameter's constructor, after dims_, global_ and mesh_.
   void describe_states(const zero_layouts& l, const layout_value& reduced_gradient) {
@@ -324,13 +330,13 @@ class parameter final : public detail::parameter_slot<P> {
   using mesh_t = typename P::mesh_type;
   using backend_t = backend_of<mesh_t>;
   using stage_t = typename P::stage::template with_split_rule<SplitRule>;
-  static constexpr std::size_t data = P::data_axis;
+  static constexpr unsigned data = P::data_mask;
   static constexpr layout_value base = layout_value_of<mesh_t, Dims, Base>;
   static constexpr zero_layouts z = stage_t::template layouts<mesh_t, Dims>;
   static constexpr char split_dim = stage_t::template split_dim<Dims>;
-  static_assert(base.is_replicate(data),
-                "zest parameter: the Base layout places the parameter on the data axis; the "
-                "ZeRO stage does that. Fix: leave the data axis out of Base.");
+  static_assert(base == detail::on_data_axes(base, replicated_layout(mesh_t::axis_count), data),
+                "zest parameter: the Base layout places the parameter on a data axis; the "
+                "ZeRO stage does that. Fix: leave the stage's data axes out of Base.");
 
  public:
   using typename detail::parameter_slot<P>::param_type;
@@ -338,13 +344,13 @@ class parameter final : public detail::parameter_slot<P> {
   template <class T>
   using mover = typename detail::parameter_slot<P>::template mover<T>;
   static constexpr fixed_string dims = Dims;
-  static constexpr zero_layouts layouts{detail::on_data_axis(base, z.stored, data),
+  static constexpr zero_layouts layouts{detail::on_data_axes(base, z.stored, data),
                                         base,
                                         autodiff::dual(base),
-                                        detail::on_data_axis(base, z.kept_gradient, data),
-                                        detail::on_data_axis(base, z.gradient_buffer, data),
-                                        detail::on_data_axis(base, z.optimizer_state, data),
-                                        detail::on_data_axis(base, z.master, data)};
+                                        detail::on_data_axes(base, z.kept_gradient, data),
+                                        detail::on_data_axes(base, z.gradient_buffer, data),
+                                        detail::on_data_axes(base, z.optimizer_state, data),
+                                        detail::on_data_axes(base, z.master, data)};
   static constexpr layout_value reduced_gradient =
       detail::reduce_other_axes(layouts.gradient, layouts.kept_gradient, data);
 

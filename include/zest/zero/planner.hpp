@@ -161,6 +161,8 @@ struct phase_traffic {
   std::uint64_t elements = 0;  // in the communicated type
   std::array<std::uint64_t, collective_kinds> calls{};
   std::array<std::uint64_t, collective_kinds> bytes_by{};
+  // By mesh axis and collective kind (what a cost model prices per link).
+  std::array<std::array<std::uint64_t, collective_kinds>, max_axes> calls_on{}, bytes_on{};
   std::uint64_t collectives() const {
     std::uint64_t n = 0;
     for (auto c : calls) n += c;
@@ -172,10 +174,13 @@ struct zero_plan {
   int stage = 0;
   std::string model;
   std::string mesh;
+  std::vector<std::string> axes;  // the mesh's axis names, in order
+  unsigned replica_mask = 0;      // the stage's replica axes (bit a: axis a)
   int rank = 0;
   training_precision precision{};
   std::uint64_t parameter_count = 0;
-  std::uint64_t data_parallel_size = 1;
+  std::uint64_t data_parallel_size = 1;  // ranks the states are partitioned over (N)
+  std::uint64_t replica_size = 1;        // ranks of the replica axes (HSDP's R)
   model_state_bytes memory{};
   std::array<phase_traffic, zero_phases.size()> traffic{};  // indexed by zero_phase
 
@@ -194,6 +199,14 @@ struct zero_plan {
   std::uint64_t bytes_of(collective k) const {
     std::uint64_t b = 0;
     for (const auto& t : traffic) b += t.bytes_by[static_cast<std::size_t>(k)];
+    return b;
+  }
+  // Bytes sent over mesh axis a, all phases.
+  std::uint64_t bytes_on(std::size_t a) const {
+    std::uint64_t b = 0;
+    for (const auto& t : traffic) {
+      for (std::uint64_t x : t.bytes_on[a]) b += x;
+    }
     return b;
   }
   // Elements sent in units of Psi (N-1)/N: 2 for stages 0-2, 3 for stage 3.
@@ -251,6 +264,16 @@ struct zero_plan {
     }
     out << "  total " << format_decimal_bytes(p.bytes_sent()) << " per step = " << std::fixed
         << std::setprecision(3) << p.psi_coefficient() << " Psi (N-1)/N elements\n";
+    std::size_t carrying = 0;
+    for (std::size_t a = 0; a < p.axes.size(); ++a) carrying += p.bytes_on(a) != 0 ? 1U : 0U;
+    if (carrying > 1) {
+      out << "  by axis";
+      for (std::size_t a = 0; a < p.axes.size(); ++a) {
+        if (p.bytes_on(a) != 0)
+          out << ' ' << p.axes[a] << ' ' << format_decimal_bytes(p.bytes_on(a));
+      }
+      out << '\n';
+    }
     return out;
   }
 
@@ -279,12 +302,16 @@ constexpr fixed_string<Rank + 1> positional_dims() {
   return s;
 }
 
-template <class Mesh>
-std::uint64_t data_axis_size(const Mesh& mesh, std::string_view axis) {
-  for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a) {
-    if (Mesh::axis_names[a] == axis) return static_cast<std::uint64_t>(mesh.size(a));
+// Ranks over the mesh axes that `axes` names (1 for none).
+template <class Mesh, class Names>
+std::uint64_t axes_size(const Mesh& mesh, const Names& axes) {
+  std::uint64_t n = 1;
+  for (std::string_view axis : axes) {
+    for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a) {
+      if (Mesh::axis_names[a] == axis) n *= static_cast<std::uint64_t>(mesh.size(a));
+    }
   }
-  return 1;
+  return n;
 }
 
 // One parameter's figures, its layouts given. The dims ("ab..." by position) are a run-time
@@ -292,7 +319,8 @@ std::uint64_t data_axis_size(const Mesh& mesh, std::string_view axis) {
 // (bench/README.md, "Compile time and memory").
 template <class Mesh>
 void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const Mesh& mesh,
-                            const zero_layouts& layouts, std::string_view dims) {
+                            const zero_layouts& layouts, std::string_view dims,
+                            unsigned replica_mask) {
   const std::vector<std::size_t>& global = param.extents;
   const auto coords = mesh.coords();
   auto held = [&](const layout_value& v) -> std::uint64_t {
@@ -308,7 +336,7 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
   plan.memory.master += held(layouts.master) * pr.master_bytes;
   plan.memory.optimizer_state += held(layouts.optimizer_state) * pr.optimizer_state_bytes;
 
-  const transition_shape shape = make_transition_shape(dims, global, mesh.sizes());
+  const transition_shape shape = zero_transition_shape(dims, global, mesh.sizes(), replica_mask);
   mesh_coords here{};
   for (std::size_t a = 0; a < coords.size(); ++a) here[a] = coords[a];
   for (std::size_t i = 0; i < zero_phases.size(); ++i) {
@@ -330,6 +358,8 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
         const auto k = static_cast<std::size_t>(collective_of(s.kind));
         t.calls[k] += 1;
         t.bytes_by[k] += b;
+        t.calls_on[s.axis][k] += 1;
+        t.bytes_on[s.axis][k] += b;
         t.bytes += b;
         t.elements += b / element;
       }
@@ -341,7 +371,8 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
 template <class Stage, fixed_string Dims, class Mesh>
 void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Mesh& mesh) {
   static constexpr zero_layouts layouts = Stage::template layouts<Mesh, Dims>;
-  plan_parameter_layouts(plan, param, mesh, layouts, view_of<Dims>);
+  plan_parameter_layouts(plan, param, mesh, layouts, view_of<Dims>,
+                         Stage::template replica_mask<Mesh>);
 }
 
 template <class Stage, class Mesh, std::size_t... R>
@@ -373,13 +404,16 @@ zero_plan plan_zero(const model_shape& model, const Mesh& mesh,
   plan.stage = Stage::stage;
   plan.model = model.name;
   plan.mesh = mesh.describe();
+  for (std::string_view name : Mesh::axis_names) plan.axes.emplace_back(name);
+  plan.replica_mask = Stage::template replica_mask<Mesh>;
   int rank = 0;
   for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a)
     rank = rank * mesh.size(a) + mesh.coord(a);
   plan.rank = rank;
   plan.precision = precision;
   plan.parameter_count = model.parameter_count();
-  plan.data_parallel_size = detail::data_axis_size(mesh, Stage::data_axis);
+  plan.data_parallel_size = detail::axes_size(mesh, Stage::shard_axes);
+  plan.replica_size = detail::axes_size(mesh, Stage::replica_axes);
   for (const auto& p : model.parameters) {
     detail::plan_zero_parameter_any_rank<Stage>(plan, p, mesh,
                                                 std::make_index_sequence<max_dims>{});
@@ -388,10 +422,11 @@ zero_plan plan_zero(const model_shape& model, const Mesh& mesh,
 }
 
 // The same with the stage chosen at run time (over "dp" unless told).
-template <fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim, class Mesh>
+template <fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim,
+          fixed_string ReplicaAxes = "", class Mesh>
 zero_plan plan_zero(int stage, const model_shape& model, const Mesh& mesh,
                     const training_precision& precision = mixed_precision_adam) {
-  return with_zero_stage<DataAxis, SplitRule>(
+  return with_zero_stage<DataAxis, SplitRule, ReplicaAxes>(
       stage, [&](auto s) { return plan_zero<decltype(s)>(model, mesh, precision); });
 }
 
@@ -419,6 +454,22 @@ constexpr zero_formula_values zero_formula(int stage, double psi, double n,
   }
   f.elements_sent = (stage == 3 ? 3.0 : 2.0) * psi * (n - 1) / n;
   return f;
+}
+
+// Hybrid sharding (zero_stage<K, shard>::replicated_over<replica>): the states partitioned
+// over n ranks and replicated over r. Memory is zero_formula's for n; the shard axes carry
+// zero_formula's elements for n, and the replica axes the all-reduce of each rank's reduced
+// gradient shard, 2 (Psi/n) (r-1)/r (the plan reduce-scatters over the shard axes first:
+// the cheaper order).
+struct hsdp_formula_values {
+  double memory_bytes = 0;
+  double elements_sent_shard = 0;    // over the shard axes
+  double elements_sent_replica = 0;  // over the replica axes
+};
+constexpr hsdp_formula_values hsdp_formula(int stage, double psi, double n, double r,
+                                           const training_precision& pr = mixed_precision_adam) {
+  const zero_formula_values z = zero_formula(stage, psi, n, pr);
+  return {z.memory_bytes, z.elements_sent, 2.0 * psi / n * (r - 1) / r};
 }
 
 }  // namespace zest

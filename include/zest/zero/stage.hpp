@@ -35,6 +35,21 @@
 //
 // Which dim is split is a policy hook (split_first_dim by default); splits are balanced
 // blocks (zest/layout/shard.hpp), so uneven extents work.
+//
+// The data axes are a set. The batch is split over all of them, so a gradient arrives
+// partial over each; the stage partitions the states over its shard axes and keeps them
+// replicated over its replica axes:
+//   zero_stage<3, "dp">                              ZeRO-3 over dp
+//   zero_stage<3, "node,gpu">                        ZeRO-3 over both axes at once (one split
+//                                                    of m, node major)
+//   zero_stage<3, "dp">::replicated_over<"dp_rep">   HSDP (FSDP2's hybrid sharding): ZeRO-3
+//                                                    within dp, DDP across dp_rep
+// Under HSDP the kept gradient is split over dp and replicated over dp_rep, so the gradient
+// collective is a reduce-scatter over dp and an all-reduce over dp_rep of the shard (the
+// cheapest plan over the data axes: zest/layout/transition.hpp); the stored parameters'
+// all-gathers stay within dp. Per step and rank, with N the shard axes' ranks and R the
+// replica axes': the shard axes carry zero_formula's elements for N, the replica axes
+// 2 Psi/N (R-1)/R (hsdp_formula in zest/zero/planner.hpp).
 #pragma once
 
 #include <array>
@@ -49,6 +64,7 @@
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/placement.hpp"
+#include "zest/layout/transition.hpp"
 
 namespace zest {
 
@@ -131,15 +147,19 @@ constexpr zero_transfer transfer_of(const zero_layouts& l, zero_phase p) {
 }
 
 namespace detail {
-// The placement of a gradient on axis `a`, from the parameter's use: replicate <-> partial,
-// split stays. Only the data axis is dualised: there the activations are split by batch, so
-// every rank's gradient is a summand; on other axes it depends on the activations' layout.
-constexpr layout_value dual_of_use(layout_value v, std::size_t a) {
-  auto& p = v.axes[a];
-  if (p.kind == placement_kind::replicate) {
-    p = axis_placement{placement_kind::partial, 0, 0};
-  } else if (p.kind == placement_kind::partial) {
-    p = axis_placement{};
+// The placement of a gradient on the data axes (`mask`), from the parameter's use:
+// replicate <-> partial, split stays. Only the data axes are dualised: there the activations
+// are split by batch, so every rank's gradient is a summand; on other axes it depends on the
+// activations' layout.
+constexpr layout_value dual_of_use(layout_value v, unsigned mask) {
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    if ((mask >> a & 1U) == 0) continue;
+    auto& p = v.axes[a];
+    if (p.kind == placement_kind::replicate) {
+      p = axis_placement{placement_kind::partial, 0, 0};
+    } else if (p.kind == placement_kind::partial) {
+      p = axis_placement{};
+    }
   }
   return v;
 }
@@ -152,6 +172,85 @@ constexpr std::size_t axis_index_of(std::string_view axis) {
   return Mesh::axis_names.size();
 }
 
+// A list of mesh axis names: one name, or several separated by commas ("node,gpu"); "" is
+// the empty list.
+constexpr std::size_t axis_list_size(std::string_view s) {
+  if (s.empty()) return 0;
+  std::size_t n = 1;
+  for (char c : s) n += c == ',' ? 1U : 0U;
+  return n;
+}
+constexpr std::string_view axis_list_item(std::string_view s, std::size_t i) {
+  std::size_t begin = 0;
+  for (std::size_t k = 0; k < i; ++k) begin = s.find(',', begin) + 1;
+  const std::size_t end = s.find(',', begin);
+  return s.substr(begin, end == std::string_view::npos ? std::string_view::npos : end - begin);
+}
+// Empty names and names given twice make a list ill-formed.
+constexpr bool axis_list_well_formed(std::string_view s) {
+  const std::size_t n = axis_list_size(s);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (axis_list_item(s, i).empty()) return false;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (axis_list_item(s, i) == axis_list_item(s, j)) return false;
+    }
+  }
+  return true;
+}
+template <fixed_string S>
+constexpr auto axis_list_of() {
+  std::array<std::string_view, axis_list_size(view_of<S>)> out{};
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = axis_list_item(view_of<S>, i);
+  return out;
+}
+// The I-th name of S as a fixed_string (a placement's template argument).
+template <fixed_string S, std::size_t I>
+constexpr auto axis_list_name() {
+  constexpr std::string_view v = axis_list_item(view_of<S>, I);
+  fixed_string<v.size() + 1> out;
+  for (std::size_t k = 0; k < v.size(); ++k) out.set(k, v[k]);
+  return out;
+}
+// "a" and "b" -> "a,b" (either may be empty).
+template <fixed_string A, fixed_string B>
+constexpr auto axis_list_join() {
+  constexpr std::size_t comma = A.size() != 0 && B.size() != 0 ? 1 : 0;
+  fixed_string<A.size() + comma + B.size() + 1> out;
+  for (std::size_t k = 0; k < A.size(); ++k) out.set(k, A[k]);
+  if (comma) out.set(A.size(), ',');
+  for (std::size_t k = 0; k < B.size(); ++k) out.set(A.size() + comma + k, B[k]);
+  return out;
+}
+// Bit a set for each mesh axis a that the list names (names the mesh lacks are left out).
+template <class Mesh>
+constexpr unsigned axis_mask_of(std::string_view list) {
+  unsigned mask = 0;
+  for (std::size_t i = 0; i < axis_list_size(list); ++i) {
+    const std::size_t a = axis_index_of<Mesh>(axis_list_item(list, i));
+    if (a < Mesh::axis_names.size()) mask |= 1U << a;
+  }
+  return mask;
+}
+template <class Mesh>
+constexpr bool mesh_has_axes(std::string_view list) {
+  for (std::size_t i = 0; i < axis_list_size(list); ++i) {
+    if (axis_index_of<Mesh>(axis_list_item(list, i)) == Mesh::axis_names.size()) return false;
+  }
+  return true;
+}
+
+// split<D, names of S...> and layout<partial<name>...> over the names of S.
+template <char D, fixed_string S, std::size_t... I>
+split<D, axis_list_name<S, I>()...> split_over_list(std::index_sequence<I...>);
+template <char D, fixed_string S>
+using split_over =
+    decltype(split_over_list<D, S>(std::make_index_sequence<axis_list_size(view_of<S>)>{}));
+template <fixed_string S, std::size_t... I>
+layout<partial<axis_list_name<S, I>()>...> partial_over_list(std::index_sequence<I...>);
+template <fixed_string S>
+using partial_over =
+    decltype(partial_over_list<S>(std::make_index_sequence<axis_list_size(view_of<S>)>{}));
+
 }  // namespace detail
 
 namespace zero_error {
@@ -162,9 +261,18 @@ template <class Stage, class Mesh>
 struct no_data_axis {
   static_assert(
       always_false<Stage>,
-      "zest zero_stage: the mesh has no axis of the stage's data-parallel name. Fix: name "
-      "one of the mesh's axes, zero_stage<K, \"dp\">, or add that axis to the mesh "
+      "zest zero_stage: the mesh lacks an axis that the stage names (its data axes, or the "
+      "replica axes of replicated_over). Fix: name the mesh's axes, zero_stage<K, \"dp\"> or "
+      "zero_stage<K, \"dp\">::replicated_over<\"dp_rep\">, or add the axis to the mesh "
       "(stage and mesh are shown above).");
+};
+template <class Stage>
+struct bad_axis_list {
+  static_assert(always_false<Stage>,
+                "zest zero_stage: the data axes are one or more mesh axis names separated by "
+                "commas, each once, and a replica axis is none of them. Fix: e.g. "
+                "zero_stage<3, \"dp\">, zero_stage<3, \"node,gpu\"> or "
+                "zero_stage<3, \"dp\">::replicated_over<\"dp_rep\">.");
 };
 template <class Stage, fixed_string Dims>
 struct split_dim_out_of_range {
@@ -180,12 +288,16 @@ struct scalar_parameter {
 };
 }  // namespace zero_error
 
-// ZeRO stage `Stage` over the data-parallel mesh axis `DataAxis`.
+// ZeRO stage `Stage` over the data-parallel mesh axes `DataAxis` (one name, or several
+// separated by commas: the states are split over all of them), replicated over
+// `ReplicaAxes` (none by default; replicated_over below).
 //
 //   using z3 = zest::zero_stage<3>;                        // over "dp", first dim split
 //   using stored = z3::stored_layout<"mh">;                 // layout<split<'m', "dp">>
 //   constexpr auto l = z3::layouts<zest::mesh<"dp">, "mh">; // zero_layouts, normalised
-template <int Stage, fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim>
+//   using hsdp = z3::replicated_over<"dp_rep">;             // ZeRO-3 in dp, DDP over dp_rep
+template <int Stage, fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim,
+          fixed_string ReplicaAxes = "">
 struct zero_stage {
   static_assert(
       Stage >= 0 && Stage <= 3,
@@ -194,18 +306,30 @@ struct zero_stage {
 
   using zest_zero_stage_tag = void;  // opts into zero_stage_policy
   static constexpr int stage = Stage;
-  static constexpr std::string_view data_axis = view_of<DataAxis>;
   using split_rule = SplitRule;
   // The same stage with another split rule (for parameters whose first dim is taken).
   template <zero_split_rule R>
-  using with_split_rule = zero_stage<Stage, DataAxis, R>;
+  using with_split_rule = zero_stage<Stage, DataAxis, R, ReplicaAxes>;
+  // The same stage, its states also replicated over the axes R (hybrid sharding): the batch
+  // is split over them too, and their gradient sums are all-reduced.
+  template <fixed_string R>
+  using replicated_over = zero_stage<Stage, DataAxis, SplitRule, R>;
+
+  // The axes the stage partitions over, those it replicates over, and both: the axes the
+  // batch is split over ("data axes").
+  static constexpr auto shard_axes = detail::axis_list_of<DataAxis>();
+  static constexpr auto replica_axes = detail::axis_list_of<ReplicaAxes>();
+  static constexpr fixed_string data_axes_list = detail::axis_list_join<DataAxis, ReplicaAxes>();
+  static constexpr auto data_axes = detail::axis_list_of<data_axes_list>();
+  static constexpr bool well_formed =
+      !shard_axes.empty() && detail::axis_list_well_formed(view_of<data_axes_list>);
 
   // What the stage partitions over the data axis (ZeRO's P_os, P_g, P_p).
   static constexpr bool partitions_optimizer_state = Stage >= 1;
   static constexpr bool partitions_gradients = Stage >= 2;
   static constexpr bool partitions_parameters = Stage >= 3;
 
-  // The dim of a parameter with dims Dims that is split over the data axis.
+  // The dim of a parameter with dims Dims that is split over the shard axes.
   template <fixed_string Dims>
   static constexpr char split_dim = SplitRule::dim_index(view_of<Dims>) < Dims.size()
                                         ? Dims[SplitRule::dim_index(view_of<Dims>)]
@@ -213,44 +337,55 @@ struct zero_stage {
 
   // The layouts, as types a tensor can be declared with.
   template <fixed_string Dims>
-  using sharded_layout = layout<split<split_dim<Dims>, DataAxis>>;
+  using sharded_layout = layout<detail::split_over<split_dim<Dims>, DataAxis>>;
   template <fixed_string Dims>
   using stored_layout = std::conditional_t<partitions_parameters, sharded_layout<Dims>, layout<>>;
   template <fixed_string Dims>
   using compute_layout = layout<>;
   template <fixed_string Dims>
-  using gradient_layout = layout<partial<DataAxis>>;
+  using gradient_layout = detail::partial_over<data_axes_list>;
   template <fixed_string Dims>
   using kept_gradient_layout =
       std::conditional_t<partitions_optimizer_state, sharded_layout<Dims>, layout<>>;
   template <fixed_string Dims>
   using gradient_buffer_layout = std::conditional_t<
       partitions_gradients, sharded_layout<Dims>,
-      std::conditional_t<partitions_optimizer_state, layout<partial<DataAxis>>, layout<>>>;
+      std::conditional_t<partitions_optimizer_state, gradient_layout<Dims>, layout<>>>;
   template <fixed_string Dims>
   using optimizer_state_layout =
       std::conditional_t<partitions_optimizer_state, sharded_layout<Dims>, layout<>>;
   template <fixed_string Dims>
   using master_layout = optimizer_state_layout<Dims>;
 
+  // The data axes of Mesh as a mask (bit a for mesh axis a): all of them, the shard axes
+  // and the replica axes.
+  template <class Mesh>
+  static constexpr unsigned data_mask = detail::axis_mask_of<Mesh>(view_of<data_axes_list>);
+  template <class Mesh>
+  static constexpr unsigned shard_mask = detail::axis_mask_of<Mesh>(view_of<DataAxis>);
+  template <class Mesh>
+  static constexpr unsigned replica_mask = detail::axis_mask_of<Mesh>(view_of<ReplicaAxes>);
+
   // The same layouts as values, normalised against Mesh (usable at compile and run time).
   template <class Mesh, fixed_string Dims>
   static constexpr zero_layouts layouts_for() {
-    if constexpr (Dims.size() == 0) {
+    if constexpr (!well_formed) {
+      (void)zero_error::bad_axis_list<zero_stage>{};
+      return {};
+    } else if constexpr (Dims.size() == 0) {
       (void)zero_error::scalar_parameter<zero_stage>{};
       return {};
     } else if constexpr (SplitRule::dim_index(view_of<Dims>) >= Dims.size()) {
       (void)zero_error::split_dim_out_of_range<zero_stage, Dims>{};
       return {};
-    } else if constexpr (detail::axis_index_of<Mesh>(view_of<DataAxis>) ==
-                         Mesh::axis_names.size()) {
+    } else if constexpr (!detail::mesh_has_axes<Mesh>(view_of<data_axes_list>)) {
       (void)zero_error::no_data_axis<zero_stage, Mesh>{};
       return {};
     } else {
       // The gradient layout is not a free choice: autodiff makes it the dual of the use.
-      static_assert(layout_value_of<Mesh, Dims, gradient_layout<Dims>> ==
-                    detail::dual_of_use(layout_value_of<Mesh, Dims, compute_layout<Dims>>,
-                                        detail::axis_index_of<Mesh>(view_of<DataAxis>)));
+      static_assert(
+          layout_value_of<Mesh, Dims, gradient_layout<Dims>> ==
+          detail::dual_of_use(layout_value_of<Mesh, Dims, compute_layout<Dims>>, data_mask<Mesh>));
       zero_layouts l;
       l.stored = layout_value_of<Mesh, Dims, stored_layout<Dims>>;
       l.compute = layout_value_of<Mesh, Dims, compute_layout<Dims>>;
@@ -266,6 +401,22 @@ struct zero_stage {
   static constexpr zero_layouts layouts = layouts_for<Mesh, Dims>();
 };
 
+// The shape a parameter's ZeRO transitions are planned on (by the engine and the planner
+// alike): its dims and extents on the mesh's sizes, an element over a replica axis priced
+// 1 + replica_axis_penalty times. Hybrid sharding's replica axes are the ones across nodes;
+// among plans of equal bytes (stage 0's all-reduce over both axes) the search then reduces
+// over the shard axes first and sends the least over the replica axes.
+inline constexpr std::uint8_t replica_axis_penalty = 3;
+template <class Dims, class Extents, class Sizes>
+constexpr transition_shape zero_transition_shape(const Dims& dims, const Extents& extents,
+                                                 const Sizes& sizes, unsigned replica_mask) {
+  transition_shape s = make_transition_shape(dims, extents, sizes);
+  for (std::size_t a = 0; a < s.axis_count; ++a) {
+    if ((replica_mask >> a & 1U) != 0) s.penalty[a] = replica_axis_penalty;
+  }
+  return s;
+}
+
 // A nested tag, not a partial specialisation on zero_stage<K, A, R>: nvcc's front end does not
 // match those when an argument is of class type (docs/design-notes.md).
 template <class S>
@@ -275,15 +426,17 @@ inline constexpr bool is_zero_stage_v = requires {
 template <class S>
 concept zero_stage_policy = is_zero_stage_v<S>;
 
-// Run-time stage -> compile-time policy: calls f(zero_stage<K, DataAxis, SplitRule>{}).
+// Run-time stage -> compile-time policy: calls f(zero_stage<K, DataAxis, SplitRule,
+// ReplicaAxes>{}).
 //   zest::with_zero_stage(flags.zero, [&](auto stage) { train<decltype(stage)>(...); });
-template <fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim, class F>
+template <fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim,
+          fixed_string ReplicaAxes = "", class F>
 decltype(auto) with_zero_stage(int stage, F&& f) {
   switch (stage) {
-    case 0: return std::forward<F>(f)(zero_stage<0, DataAxis, SplitRule>{});
-    case 1: return std::forward<F>(f)(zero_stage<1, DataAxis, SplitRule>{});
-    case 2: return std::forward<F>(f)(zero_stage<2, DataAxis, SplitRule>{});
-    case 3: return std::forward<F>(f)(zero_stage<3, DataAxis, SplitRule>{});
+    case 0: return std::forward<F>(f)(zero_stage<0, DataAxis, SplitRule, ReplicaAxes>{});
+    case 1: return std::forward<F>(f)(zero_stage<1, DataAxis, SplitRule, ReplicaAxes>{});
+    case 2: return std::forward<F>(f)(zero_stage<2, DataAxis, SplitRule, ReplicaAxes>{});
+    case 3: return std::forward<F>(f)(zero_stage<3, DataAxis, SplitRule, ReplicaAxes>{});
     default: break;
   }
   throw shape_error(detail::message("zest: with_zero_stage: stage ", stage,

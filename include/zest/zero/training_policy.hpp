@@ -2,7 +2,8 @@
 //
 //   using mesh_t = zest::mesh<"dp", "tp">;
 //   using policy = zest::training_policy<mesh_t, zest::zero_stage<3>, zest::bfloat16>;
-//   policy::data_axis;   // 0: the mesh axis the stage partitions over
+//   policy::data_mask;   // 0b01: the mesh axes the batch is split over (bit a: axis a)
+//   policy::shard_mask;  // 0b01: those the stage partitions over (the rest: replica axes)
 //   policy::has_master;  // true: fp32 master weights beside the 16-bit parameters
 //
 // Layers (zest/nn/) and parameters (zest/zero/parameter.hpp) take a policy as their first
@@ -39,10 +40,15 @@ struct training_policy {
   using grad_type = Param;
   static constexpr bool has_master = !std::is_same_v<Param, float>;
   static constexpr bool loss_scaling = std::is_same_v<Param, float16>;
-  static constexpr std::size_t data_axis = detail::axis_index_of<Mesh>(Stage::data_axis);
-  static_assert(data_axis < Mesh::axis_count,
-                "zest training_policy: the mesh has no axis named like the stage's data axis. "
-                "Fix: zero_stage<K, \"name\"> with one of the mesh's axis names.");
+  static_assert(detail::mesh_has_axes<Mesh>(view_of<Stage::data_axes_list>),
+                "zest training_policy: the mesh lacks an axis that the stage names as a data "
+                "or replica axis. Fix: zero_stage<K, \"name\"> (and replicated_over<\"name\">) "
+                "with the mesh's axis names.");
+  // The mesh axes the batch is split over, those the stage partitions over and those it
+  // replicates over (bit a for mesh axis a).
+  static constexpr unsigned data_mask = Stage::template data_mask<Mesh>;
+  static constexpr unsigned shard_mask = Stage::template shard_mask<Mesh>;
+  static constexpr unsigned replica_mask = Stage::template replica_mask<Mesh>;
 };
 
 template <class P>
@@ -50,7 +56,7 @@ concept training_policy_type = requires {
   typename P::mesh_type;
   typename P::stage;
   typename P::param_type;
-  P::data_axis;
+  P::data_mask;
 };
 
 }  // namespace zest

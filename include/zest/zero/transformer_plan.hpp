@@ -141,7 +141,8 @@ inline transformer_config llama_transformer(std::string name, std::size_t layers
 // sequences), tensor-parallel ranks share theirs; ZeRO partitions over dp, as zero_stage does;
 // weights replicated over ep (all but the experts) have their gradients summed over ep.
 struct parallel_layout {
-  int dp = 1;
+  int dp = 1;           // ranks ZeRO partitions over
+  int dp_replicas = 1;  // hybrid sharding: replica groups of those dp ranks (dp_rep)
   int tp = 1;
   int ep = 1;
   int zero_stage = 0;
@@ -149,7 +150,7 @@ struct parallel_layout {
   recomputation recompute = recomputation::none;
   std::size_t micro_batch = 1;   // sequences per micro-batch on each rank of dp x ep
   std::size_t accumulation = 1;  // micro-batches per optimizer step
-  constexpr int world() const { return dp * tp * ep; }
+  constexpr int world() const { return dp_replicas * dp * tp * ep; }
 };
 
 // The mesh the planner places the weights on: rank (0, 0, 0) holds the largest blocks.
@@ -165,7 +166,8 @@ inline void check_transformer(const transformer_config& c, const parallel_layout
   if (c.hidden % c.heads != 0) fail("hidden ", c.hidden, " is not a multiple of heads ", c.heads);
   if (c.kv() > c.heads || c.heads % c.kv() != 0)
     fail("kv heads ", c.kv(), " do not divide heads ", c.heads);
-  if (p.dp < 1 || p.tp < 1 || p.ep < 1) fail("dp, tp and ep must be at least 1");
+  if (p.dp < 1 || p.dp_replicas < 1 || p.tp < 1 || p.ep < 1)
+    fail("dp, dp_replicas, tp and ep must be at least 1");
   if (p.zero_stage < 0 || p.zero_stage > 3) fail("ZeRO has stages 0-3, not ", p.zero_stage);
   if (p.micro_batch == 0 || p.accumulation == 0)
     fail("micro-batch and accumulation must be at least 1");
@@ -401,7 +403,12 @@ inline transformer_memory plan_transformer(
   }
   out.active_matmul_parameters = static_cast<std::uint64_t>(active);
   out.active_expert_matmul_parameters = static_cast<std::uint64_t>(active_expert);
-  out.states = plan_zero(p.zero_stage, local, mesh_shape<"dp">({p.dp}), precision);
+  // ZeRO over dp; with replica groups, hybrid sharding (replicated over dp_rep).
+  out.states =
+      p.dp_replicas == 1
+          ? plan_zero(p.zero_stage, local, mesh_shape<"dp">({p.dp}), precision)
+          : plan_zero<"dp", split_first_dim, "dp_rep">(
+                p.zero_stage, local, mesh_shape<"dp_rep", "dp">({p.dp_replicas, p.dp}), precision);
   out.activations =
       transformer_activation_bytes(c, p, static_cast<double>(precision.parameter_bytes));
   return out;
