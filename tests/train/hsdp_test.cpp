@@ -48,6 +48,14 @@ static_assert(
 static_assert(std::is_same_v<zero_stage<3, "dp_rep,dp">::stored_layout<"mh">,
                              layout<split<'m', "dp_rep", "dp">>>);
 
+// ZeRO++'s hpZ: ZeRO-3 over both axes (dp_rep the nodes, dp the ranks inside one), and a
+// secondary copy split over dp alone for backward.
+using hpz_stage = zero_stage<3, "dp_rep,dp">::with_secondary_over<"dp">;
+using hpz_policy = training_policy<hsdp_mesh, hpz_stage, float>;
+static_assert(std::is_same_v<hpz_stage::secondary_layout<"mh">, layout<split<'m', "dp">>>);
+static_assert(hpz_stage::layouts<hsdp_mesh, "mh">.secondary ==
+              layout_value_of<hsdp_mesh, "mh", layout<split<'m', "dp">>>);
+
 // The shapes of the job's ranks over (dp_rep, dp).
 std::vector<std::array<int, 2>> shapes() {
   int n = 1;
@@ -154,6 +162,63 @@ TEST_CASE("HSDP: bytes per axis and model states equal the formula and the plann
 TEST_CASE("ZeRO over two axes at once: bytes equal ZeRO's formula for the whole world") {
   two_axis_bytes_equal_formula<1>();
   two_axis_bytes_equal_formula<3>();
+}
+
+// One step of P by hand: the per-axis all-gather bytes of backward alone, and the whole
+// step's bytes per axis.
+struct step_bytes {
+  std::uint64_t backward_gather_rep = 0, backward_gather_shard = 0;
+  std::uint64_t rep = 0, shard = 0;
+};
+template <class P>
+step_bytes one_step(const hsdp_mesh& mesh) {
+  zero_engine<P> engine(mesh, {.seed = 3});
+  gpt<P> model(engine, small_gpt());
+  auto s = sampler();
+  const auto [in, tg] = s.batch<hsdp_tokens>(mesh, 0);
+  const comm_stats rep0 = mesh.axis(rep_axis).stats(), shard0 = mesh.axis(shard_axis).stats();
+  step_bytes b;
+  {
+    autodiff::tape t;
+    auto loss = model.loss(t, in, tg, 0);
+    const comm_stats rep1 = mesh.axis(rep_axis).stats();
+    const comm_stats shard1 = mesh.axis(shard_axis).stats();
+    engine.backward(loss);
+    b.backward_gather_rep = (mesh.axis(rep_axis).stats() - rep1)[collective::all_gather].bytes_sent;
+    b.backward_gather_shard =
+        (mesh.axis(shard_axis).stats() - shard1)[collective::all_gather].bytes_sent;
+  }
+  (void)engine.step(1e-3);
+  b.rep = (mesh.axis(rep_axis).stats() - rep0).bytes_sent();
+  b.shard = (mesh.axis(shard_axis).stats() - shard0).bytes_sent();
+  const auto plan = plan_zero<typename P::stage>(model.shape(), mesh, fp32_adam);
+  CHECK(b.rep == plan.bytes_on(rep_axis));
+  CHECK(b.shard == plan.bytes_on(shard_axis));
+  return b;
+}
+
+TEST_CASE("ZeRO++ hpZ: N ranks train like one rank, and backward gathers inside a node only") {
+  trains_like_one_rank<hpz_policy>();
+  for (const auto& shape : shapes()) {
+    const hsdp_mesh mesh(MPI_COMM_WORLD, shape);
+    INFO(mesh.describe());
+    const step_bytes hpz = one_step<hpz_policy>(mesh);
+    const step_bytes flat = one_step<both_policy<3>>(mesh);
+    // Backward's all-gather: the secondary copy (Psi / n_dp each) over dp alone.
+    int psi = 0;
+    {
+      zero_engine<hpz_policy> engine(mesh, {.seed = 3});
+      gpt<hpz_policy> model(engine, small_gpt());
+      psi = static_cast<int>(engine.parameter_count());
+    }
+    const int n_dp = mesh.size(shard_axis), n_rep = mesh.size(rep_axis);
+    CHECK(hpz.backward_gather_rep == 0);
+    CHECK(hpz.backward_gather_shard ==
+          static_cast<std::uint64_t>(psi / n_dp * (n_dp - 1)) * sizeof(float));
+    // Without hpZ, backward gathers across the nodes as forward does.
+    if (n_rep > 1) CHECK(flat.backward_gather_rep > 0);
+    CHECK(hpz.rep == flat.rep - flat.backward_gather_rep);
+  }
 }
 
 TEST_CASE("a checkpoint reshards between HSDP, ZeRO over the world and other rank counts") {

@@ -16,8 +16,10 @@
 //
 //   forward, entering a group      stored -> compute     stage 3: all-gather (coalesced);
 //                                                        the next group's is prefetched
-//   forward, leaving a group       stage 3: the gathered values are freed
-//   backward, before the group     stage 3: all-gather again (the previous group prefetched)
+//   forward, leaving a group       stage 3: the gathered values are freed (hpZ: each keeps a
+//                                  secondary copy split over the axes inside a node)
+//   backward, before the group     stage 3: all-gather again (the previous group prefetched;
+//                                  hpZ: from the secondary copies, inside the node)
 //   backward, after the group      gradient -> buffer    stage 0: all-reduce; stage 1: add
 //                                                        to the full buffer; stages 2, 3:
 //                                                        reduce-scatter; in buckets, issued
@@ -105,7 +107,8 @@ class zero_engine {
     std::vector<slot*> params;
     // Stage 3: the group's gather (stored -> compute), issued by a prefetch or on entry.
     std::unique_ptr<typename slot::template mover<param_type>> gather;
-    bool live = false;  // the compute values are materialised
+    bool gather_backward = false;  // the gather is backward's (hpZ: from the secondary copies)
+    bool live = false;             // the compute values are materialised
     bool in_scope = false;
     bool implicit = false;  // made by add() for a parameter registered outside any group
     bool gathering() const { return gather != nullptr; }
@@ -277,6 +280,7 @@ class zero_engine {
       }
       for (slot* p : g.params) {
         p->free_compute();
+        p->release_secondary();
         p->detach();
       }
       g.live = false;
@@ -392,10 +396,10 @@ class zero_engine {
     }
     gr.in_scope = true;
     if constexpr (stage == 3) {
-      materialise(g);
+      materialise(g, /*backward=*/false);
       if (options_.prefetch) {
         const std::size_t next = holding_parameters(g + 1, +1);
-        if (next < groups_.size()) start_gather(next);
+        if (next < groups_.size()) start_gather(next, /*backward=*/false);
       }
     } else {
       for (slot* p : gr.params) p->compute_from_stored();
@@ -419,10 +423,11 @@ class zero_engine {
 
   void before_backward(std::size_t g) {
     if constexpr (stage == 3) {
-      materialise(g);
+      materialise(g, /*backward=*/true);
       if (options_.prefetch && g > 0) {
         const std::size_t previous = holding_parameters(g - 1, -1);
-        if (previous < groups_.size() && groups_[previous].in_scope) start_gather(previous);
+        if (previous < groups_.size() && groups_[previous].in_scope)
+          start_gather(previous, /*backward=*/true);
       }
       note_live();
     }
@@ -430,7 +435,10 @@ class zero_engine {
 
   void after_backward(std::size_t g) {
     group& gr = groups_[g];
-    for (slot* p : gr.params) p->free_compute();
+    for (slot* p : gr.params) {
+      p->free_compute();
+      p->release_secondary();
+    }
     gr.live = false;
     if constexpr (stage == 1) {
       // Accumulated into the full-size buffer, reduced at the step.
@@ -453,28 +461,44 @@ class zero_engine {
     return g < groups_.size() ? g : groups_.size();
   }
 
-  // The group's stored shards -> compute values, one all-gather for the group, issued
-  // non-blocking. A prefetch (needed_now false) waits for room under max_live_groups; a
-  // group needed now is gathered regardless. A group without parameters has nothing to
-  // gather: no collective (every rank has the same groups), and it never counts as live.
-  void start_gather(std::size_t g, bool needed_now = false) {
+  // The group's stored shards (backward under hpZ: secondary copies) -> compute values, one
+  // all-gather for the group, issued non-blocking. A prefetch (needed_now false) waits for
+  // room under max_live_groups; a group needed now is gathered regardless. A group without
+  // parameters has nothing to gather: no collective (every rank has the same groups), and it
+  // never counts as live.
+  void start_gather(std::size_t g, bool backward, bool needed_now = false) {
     group& gr = groups_[g];
     if (gr.gathering() || gr.live || gr.params.empty()) return;
     if (!needed_now && live_groups() >= options_.max_live_groups) return;
     gr.gather = std::make_unique<typename slot::template mover<param_type>>(*mesh_);
-    for (slot* p : gr.params) p->add_gather(*gr.gather);
+    gr.gather_backward = backward;
+    for (slot* p : gr.params) p->add_gather(*gr.gather, backward);
     gr.gather->start();
   }
 
-  // The group's compute values, from its gather (started now if not prefetched).
-  void materialise(std::size_t g) {
+  // The group's compute values, from its gather (started now if not prefetched). Under hpZ a
+  // forward gather also leaves each parameter its secondary copy, cut from the gathered
+  // value by the mover (slices: no communication).
+  void materialise(std::size_t g, bool backward) {
     group& gr = groups_[g];
     if (gr.live || gr.params.empty()) return;
-    if (!gr.gathering()) start_gather(g, /*needed_now=*/true);
+    if (!gr.gathering()) start_gather(g, backward, /*needed_now=*/true);
     gr.gather->wait();
-    for (std::size_t k = 0; k < gr.params.size(); ++k) {
-      gr.params[k]->take_gathered(gr.gather->release(k));
+    std::vector<typename backend_t::template buffer<param_type>> gathered;
+    gathered.reserve(gr.params.size());
+    for (std::size_t k = 0; k < gr.params.size(); ++k) gathered.push_back(gr.gather->release(k));
+    if (P::stage::hierarchical && !gr.gather_backward) {
+      typename slot::template mover<param_type> keep(*mesh_);
+      for (std::size_t k = 0; k < gr.params.size(); ++k) {
+        gr.params[k]->add_keep(keep,
+                               std::span<const param_type>(gathered[k].data(), gathered[k].size()));
+      }
+      keep.run();
+      for (std::size_t k = 0; k < gr.params.size(); ++k)
+        gr.params[k]->take_secondary(keep.release(k));
     }
+    for (std::size_t k = 0; k < gr.params.size(); ++k)
+      gr.params[k]->take_gathered(std::move(gathered[k]));
     gr.gather.reset();
     gr.live = true;
   }

@@ -163,10 +163,29 @@ class parameter_slot {
 
   // ----- The transitions the engine runs in groups ---------------------------------------
   // Stage 3: the stored shard -> the compute value (all-gather over the data axes), read in
-  // place; take_gathered makes the result the compute value (converted to fp32).
-  void add_gather(mover<param_type>& g) const {
-    g.add(dims_, stored_.layout, gather_plan_, global_, stored_.local,
-          std::span<const param_type>(stored_view_->data(), stored_view_->size()));
+  // place; take_gathered makes the result the compute value (converted to fp32). Under hpZ
+  // backward gathers from the secondary copy instead, over its axes alone.
+  void add_gather(mover<param_type>& g, bool backward) const {
+    if (backward && secondary_kept_) {
+      g.add(dims_, secondary_.layout, regather_plan_, global_, secondary_.local,
+            std::span<const param_type>(secondary_data_.data(), secondary_data_.size()));
+    } else {
+      g.add(dims_, stored_.layout, gather_plan_, global_, stored_.local,
+            std::span<const param_type>(stored_view_->data(), stored_view_->size()));
+    }
+  }
+  // hpZ: the forward gather's result -> the secondary copy (slices: no communication), read
+  // in place; take_secondary keeps it until backward's gather, release_secondary frees it.
+  void add_keep(mover<param_type>& g, std::span<const param_type> gathered) const {
+    g.add(dims_, compute_.layout, keep_plan_, global_, compute_.local, gathered);
+  }
+  void take_secondary(buffer<param_type>&& b) {
+    secondary_data_ = std::move(b);
+    secondary_kept_ = true;  // on every rank alike, an empty block included
+  }
+  void release_secondary() {
+    memory::release(secondary_data_);
+    secondary_kept_ = false;
   }
   virtual void take_gathered(buffer<param_type>&& value) = 0;
   // Stages 0-2: the compute value from the stored copy (a conversion, no communication).
@@ -283,6 +302,11 @@ class parameter_slot {
   }
   // Set by the parameter's constructor, after dims_, global_ and mesh_.
   void describe_states(const zero_layouts& l, const layout_value& reduced_gradient) {
+    if (l.secondary.axis_count != 0) {
+      secondary_ = {l.secondary, local_of(l.secondary)};
+      keep_plan_ = plan_between({l.compute, local_of(l.compute)}, secondary_);
+      regather_plan_ = plan_between(secondary_, {l.compute, local_of(l.compute)});
+    }
     stored_ = {l.stored, local_of(l.stored)};
     compute_ = {l.compute, local_of(l.compute)};
     reduced_gradient_ = {reduced_gradient, local_of(reduced_gradient)};
@@ -305,6 +329,12 @@ class parameter_slot {
   shard_extents global_{};
   state_shard stored_, compute_, reduced_gradient_, buffer_, master_;
   transition_plan gather_plan_{}, reduce_plan_{}, buffer_plan_{}, publish_plan_{}, master_plan_{};
+  // hpZ: the secondary copy's layout, its plans from and to the compute value, its data
+  // between a group's forward and backward.
+  state_shard secondary_;
+  transition_plan keep_plan_{}, regather_plan_{};
+  buffer<param_type> secondary_data_;
+  bool secondary_kept_ = false;
   bool kept_is_buffer_ = true;    // kept_gradient and gradient_buffer layouts agree
   bool kept_counted_ = true;      // this rank's kept block counts in a global norm
   bool master_is_stored_ = true;  // fp32: master and stored layouts agree
@@ -344,13 +374,15 @@ class parameter final : public detail::parameter_slot<P> {
   template <class T>
   using mover = typename detail::parameter_slot<P>::template mover<T>;
   static constexpr fixed_string dims = Dims;
-  static constexpr zero_layouts layouts{detail::on_data_axes(base, z.stored, data),
-                                        base,
-                                        autodiff::dual(base),
-                                        detail::on_data_axes(base, z.kept_gradient, data),
-                                        detail::on_data_axes(base, z.gradient_buffer, data),
-                                        detail::on_data_axes(base, z.optimizer_state, data),
-                                        detail::on_data_axes(base, z.master, data)};
+  static constexpr zero_layouts layouts{
+      detail::on_data_axes(base, z.stored, data),
+      base,
+      autodiff::dual(base),
+      detail::on_data_axes(base, z.kept_gradient, data),
+      detail::on_data_axes(base, z.gradient_buffer, data),
+      detail::on_data_axes(base, z.optimizer_state, data),
+      detail::on_data_axes(base, z.master, data),
+      z.secondary.axis_count != 0 ? detail::on_data_axes(base, z.secondary, data) : layout_value{}};
   static constexpr layout_value reduced_gradient =
       detail::reduce_other_axes(layouts.gradient, layouts.kept_gradient, data);
 

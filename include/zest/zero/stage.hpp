@@ -26,7 +26,8 @@
 //
 // The steps of a training step (zero_phase) are transitions between these layouts:
 //   forward_gather, backward_gather  stored -> compute   (stage 3: an all-gather each; a
-//                                    parameter not stored as used is gathered per use)
+//                                    parameter not stored as used is gathered per use;
+//                                    under hpZ backward gathers secondary -> compute)
 //   gradient_reduction               gradient -> kept    (all-reduce, or reduce-scatter)
 //   parameter_update                 master -> stored    (stages 1, 2: all-gather the
 //                                    updated shards; 0 and 3: nothing)
@@ -104,6 +105,10 @@ struct zero_layouts {
   layout_value gradient_buffer{};  // what the gradient occupies in memory over a step
   layout_value optimizer_state{};  // Adam's m and v
   layout_value master{};           // fp32 master parameters
+  // ZeRO++'s hpZ: the secondary copy a stage-3 parameter keeps from its forward gather to its
+  // backward one, which then gathers from it (axis_count 0: none, backward gathers the
+  // stored shard).
+  layout_value secondary{};
   constexpr bool operator==(const zero_layouts&) const = default;
 };
 
@@ -138,8 +143,9 @@ struct zero_transfer {
 
 constexpr zero_transfer transfer_of(const zero_layouts& l, zero_phase p) {
   switch (p) {
-    case zero_phase::forward_gather:
-    case zero_phase::backward_gather: return {p, l.stored, l.compute, false};
+    case zero_phase::forward_gather: return {p, l.stored, l.compute, false};
+    case zero_phase::backward_gather:
+      return {p, l.secondary.axis_count != 0 ? l.secondary : l.stored, l.compute, false};
     case zero_phase::gradient_reduction: return {p, l.gradient, l.kept_gradient, true};
     case zero_phase::parameter_update: return {p, l.master, l.stored, false};
   }
@@ -267,6 +273,13 @@ struct no_data_axis {
       "(stage and mesh are shown above).");
 };
 template <class Stage>
+struct bad_secondary_axes {
+  static_assert(always_false<Stage>,
+                "zest zero_stage: hpZ's secondary copy (with_secondary_over) is split over some "
+                "of a stage-3 parameter's data axes, the ones inside a node. Fix: zero_stage<3, "
+                "\"node,gpu\">::with_secondary_over<\"gpu\">.");
+};
+template <class Stage>
 struct bad_axis_list {
   static_assert(always_false<Stage>,
                 "zest zero_stage: the data axes are one or more mesh axis names separated by "
@@ -297,7 +310,7 @@ struct scalar_parameter {
 //   constexpr auto l = z3::layouts<zest::mesh<"dp">, "mh">; // zero_layouts, normalised
 //   using hsdp = z3::replicated_over<"dp_rep">;             // ZeRO-3 in dp, DDP over dp_rep
 template <int Stage, fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim,
-          fixed_string ReplicaAxes = "">
+          fixed_string ReplicaAxes = "", fixed_string SecondaryAxes = "">
 struct zero_stage {
   static_assert(
       Stage >= 0 && Stage <= 3,
@@ -309,11 +322,16 @@ struct zero_stage {
   using split_rule = SplitRule;
   // The same stage with another split rule (for parameters whose first dim is taken).
   template <zero_split_rule R>
-  using with_split_rule = zero_stage<Stage, DataAxis, R, ReplicaAxes>;
+  using with_split_rule = zero_stage<Stage, DataAxis, R, ReplicaAxes, SecondaryAxes>;
   // The same stage, its states also replicated over the axes R (hybrid sharding): the batch
   // is split over them too, and their gradient sums are all-reduced.
   template <fixed_string R>
-  using replicated_over = zero_stage<Stage, DataAxis, SplitRule, R>;
+  using replicated_over = zero_stage<Stage, DataAxis, SplitRule, R, SecondaryAxes>;
+  // ZeRO++'s hpZ (stage 3): from its forward gather to its backward one a parameter keeps a
+  // secondary copy split over the axes S only (some of DataAxis: the ones inside a node), cut
+  // from the gathered value without communication; backward gathers it over S alone.
+  template <fixed_string S>
+  using with_secondary_over = zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, S>;
 
   // The axes the stage partitions over, those it replicates over, and both: the axes the
   // batch is split over ("data axes").
@@ -323,6 +341,18 @@ struct zero_stage {
   static constexpr auto data_axes = detail::axis_list_of<data_axes_list>();
   static constexpr bool well_formed =
       !shard_axes.empty() && detail::axis_list_well_formed(view_of<data_axes_list>);
+  static constexpr auto secondary_axes = detail::axis_list_of<SecondaryAxes>();
+  static constexpr bool hierarchical = !secondary_axes.empty();
+  static constexpr bool secondary_well_formed() {
+    if (!hierarchical) return true;
+    if (Stage != 3 || !detail::axis_list_well_formed(view_of<SecondaryAxes>)) return false;
+    for (std::string_view a : secondary_axes) {
+      bool found = false;
+      for (std::string_view d : shard_axes) found = found || a == d;
+      if (!found) return false;
+    }
+    return true;
+  }
 
   // What the stage partitions over the data axis (ZeRO's P_os, P_g, P_p).
   static constexpr bool partitions_optimizer_state = Stage >= 1;
@@ -356,6 +386,11 @@ struct zero_stage {
       std::conditional_t<partitions_optimizer_state, sharded_layout<Dims>, layout<>>;
   template <fixed_string Dims>
   using master_layout = optimizer_state_layout<Dims>;
+  // hpZ's secondary copy (the stored layout where there is none).
+  template <fixed_string Dims>
+  using secondary_layout =
+      std::conditional_t<hierarchical, layout<detail::split_over<split_dim<Dims>, SecondaryAxes>>,
+                         stored_layout<Dims>>;
 
   // The data axes of Mesh as a mask (bit a for mesh axis a): all of them, the shard axes
   // and the replica axes.
@@ -371,6 +406,9 @@ struct zero_stage {
   static constexpr zero_layouts layouts_for() {
     if constexpr (!well_formed) {
       (void)zero_error::bad_axis_list<zero_stage>{};
+      return {};
+    } else if constexpr (!secondary_well_formed()) {
+      (void)zero_error::bad_secondary_axes<zero_stage>{};
       return {};
     } else if constexpr (Dims.size() == 0) {
       (void)zero_error::scalar_parameter<zero_stage>{};
@@ -394,6 +432,7 @@ struct zero_stage {
       l.gradient_buffer = layout_value_of<Mesh, Dims, gradient_buffer_layout<Dims>>;
       l.optimizer_state = layout_value_of<Mesh, Dims, optimizer_state_layout<Dims>>;
       l.master = layout_value_of<Mesh, Dims, master_layout<Dims>>;
+      if constexpr (hierarchical) l.secondary = layout_value_of<Mesh, Dims, secondary_layout<Dims>>;
       return l;
     }
   }
