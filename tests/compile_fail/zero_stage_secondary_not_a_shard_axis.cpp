@@ -1,4 +1,4 @@
-// expect: zest zero_stage: hpZ's secondary copy (with_secondary_over) is split over some of a stage-3 parameter's data axes
+// expect: zest zero_stage: hpZ's secondary copy (with_secondary_over) is split over some of a stage-3 parameter's shard axes
 // hpZ's secondary copy over an axis the stage does not partition over (here the replica
 // axis of hybrid sharding): the stage says so when a parameter's layouts are formed.
 #include <zest/mesh/mesh.hpp>

@@ -246,10 +246,10 @@ struct transition_shape {
   std::array<int, max_axes> sizes{};
   std::uint8_t rank = 0;        // number of dims
   std::uint8_t axis_count = 0;  // number of mesh axes
-  // An element sent over axis a counts 1 + penalty[a] times in the price (0: every axis
-  // alike). ZeRO's hybrid sharding prices its replica axes, the ones across nodes, higher
-  // (zero_transition_shape in zest/zero/stage.hpp), so that among plans of equal bytes the
-  // search sends the fewest over them.
+  // An element sent over axis a weighs 1 + penalty[a] in the price (0: every axis alike).
+  // ZeRO's hybrid sharding weighs its replica axes, the ones across nodes, more
+  // (zero_transition_shape in zest/zero/stage.hpp): the search then sends the fewest
+  // elements over them, even at the cost of more in all.
   std::array<std::uint8_t, max_axes> penalty{};
   constexpr bool operator==(const transition_shape&) const = default;
 };
@@ -270,8 +270,9 @@ constexpr transition_shape make_transition_shape(const Dims& dims, const Extents
   return s;
 }
 
-// The cost of a plan: per step the most that any rank sends (in elements), summed; then
-// the number of collectives, then the number of steps. Compared in that order.
+// The cost of a plan: per step the most that any rank sends (in elements, each weighed by
+// its axis' penalty: transition_shape), summed; then the number of collectives, then the
+// number of steps. Compared in that order.
 struct transition_cost {
   std::uint64_t elements = 0;
   std::uint32_t collectives = 0;

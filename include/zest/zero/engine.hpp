@@ -12,7 +12,7 @@
 // The engine schedules the transitions that the stage's layouts prescribe (zero/stage.hpp)
 // for whole groups of parameters at once (a layer or a transformer block); the mover
 // (zest/tensor/transition_group.hpp, what redistribute runs too) carries each out as one
-// collective per transition and group over the data axis:
+// collective per transition and group over the data axes:
 //
 //   forward, entering a group      stored -> compute     stage 3: all-gather (coalesced);
 //                                                        the next group's is prefetched

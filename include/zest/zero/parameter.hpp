@@ -6,7 +6,7 @@
 // A parameter is the set of its model states, each a typed sharded tensor whose layout the
 // stage chooses (zest/zero/stage.hpp): stored (the working copy between uses), compute
 // (what einsums use: a tape variable, fp32), gradient (the dual of compute: partial over the
-// data axis), gradient buffer (what the gradient costs between backward and the step),
+// data axes), gradient buffer (what the gradient costs between backward and the step),
 // master and optimizer state (fp32; the optimizer updates the shard this rank owns).
 //
 //   stage 3, bf16:  stored   bfloat16 split(m:dp)      compute   float replicate
@@ -16,7 +16,8 @@
 // The moves between these layouts are group transitions that the engine schedules
 // (zest/zero/engine.hpp) and the mover runs (zest/tensor/transition_group.hpp), one
 // collective per transition for a whole group of parameters; the parameter adds its shard
-// with the plan between the two layouts and takes the result back. On mesh axes other than the data axis a parameter keeps the
+// with the plan between the two layouts and takes the result back. On mesh axes other than
+// the data axes a parameter keeps the
 // placement of its Base layout (e.g. split<'h', "tp"> for a Megatron column-parallel
 // weight); its gradient there is the dual of that placement, reduced per parameter.
 //
@@ -157,7 +158,7 @@ class parameter_slot {
     return {global_.begin(), global_.begin() + static_cast<std::ptrdiff_t>(dims_.size())};
   }
   // Elements this rank holds of the stored copy, and of the compute value (its block on the
-  // mesh's other axes: what the data axis's collectives move).
+  // mesh's other axes: what the data axes' collectives move).
   std::size_t stored_elements() const { return stored_view_->size(); }
   std::size_t compute_elements() const { return elements(compute_); }
 
@@ -263,7 +264,7 @@ class parameter_slot {
     }
   }
   // Stages 1, 2 after the update: the updated shard (the master's layout, in the parameter's
-  // element type) -> the stored copy (all-gather over the data axis); take_published makes
+  // element type) -> the stored copy (all-gather over the data axes); take_published makes
   // the result the stored copy.
   void add_publish(mover<param_type>& g) {
     if constexpr (P::has_master) {
@@ -353,7 +354,7 @@ template <class P>
 class zero_engine;
 
 // A parameter of dims Dims under policy P; Base gives its placement on the mesh's other axes,
-// SplitRule the dim the stage splits over the data axis (the policy's rule by default).
+// SplitRule the dim the stage splits over its shard axes (the policy's rule by default).
 template <training_policy_type P, fixed_string Dims, class Base = layout<>,
           zero_split_rule SplitRule = typename P::stage::split_rule>
 class parameter final : public detail::parameter_slot<P> {
@@ -471,7 +472,7 @@ class parameter final : public detail::parameter_slot<P> {
     }
   }
   void compute_from_stored() override {
-    // Stored and compute differ only in the data axis placement (replicate for stages 0-2).
+    // Stored and compute differ only on the data axes (replicate for stages 0-2).
     typename compute_tensor::storage_type v(stored_.local_count());
     detail::convert<backend_t>(std::span<const param_type>(stored_.local()),
                                std::span<float>(v.data(), v.size()));

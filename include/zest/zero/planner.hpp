@@ -10,7 +10,7 @@
 // under each model state's layout (balanced blocks) times that state's element size.
 // Communication is, per parameter and phase, the steps of the cheapest plan for the
 // parameter's extents and the mesh's sizes (plan_transition with a transition_shape), on the
-// axes the phase changes (the engine moves a parameter over the data axis only), priced by
+// stage's data axes (as the engine moves a parameter: over them only), priced by
 // the same ring model as explain() and the communicators' counters (detail::step_bytes),
 // so a training run can compare its counters with this plan exactly. The ZeRO paper's
 // closed forms (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
@@ -319,7 +319,7 @@ std::uint64_t axes_size(const Mesh& mesh, const Names& axes) {
 // (bench/README.md, "Compile time and memory").
 template <class Mesh>
 void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const Mesh& mesh,
-                            const zero_layouts& layouts, std::string_view dims,
+                            const zero_layouts& layouts, std::string_view dims, unsigned data_mask,
                             unsigned replica_mask) {
   const std::vector<std::size_t>& global = param.extents;
   const auto coords = mesh.coords();
@@ -344,13 +344,10 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
     const std::size_t element = x.carries_gradient ? pr.gradient_bytes : pr.parameter_bytes;
     phase_traffic& t = plan.traffic[i];
     layout_value v = x.from;
-    // The search may use only the axes whose placement the phase changes: the engine's
-    // collectives run on the data axis, never through another axis' ranks.
-    unsigned changed = 0;
-    for (std::size_t a = 0; a < x.from.axis_count; ++a)
-      changed |= x.from.axes[a] == x.to.axes[a] ? 0U : 1U << a;
-    // What transition_plan_for and step_bytes compute, from the run-time shape.
-    const transition_plan steps = cached_transition_plan(x.from, x.to, shape, changed);
+    // The search may use only the data axes, as the engine's (parameter_slot::plan_between):
+    // its collectives never run through another axis' ranks. What transition_plan_for and
+    // step_bytes compute, from the run-time shape.
+    const transition_plan steps = cached_transition_plan(x.from, x.to, shape, data_mask);
     for (const auto& s : steps) {
       if (is_collective(s.kind)) {
         const std::uint64_t b =
@@ -371,7 +368,7 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
 template <class Stage, fixed_string Dims, class Mesh>
 void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Mesh& mesh) {
   static constexpr zero_layouts layouts = Stage::template layouts<Mesh, Dims>;
-  plan_parameter_layouts(plan, param, mesh, layouts, view_of<Dims>,
+  plan_parameter_layouts(plan, param, mesh, layouts, view_of<Dims>, Stage::template data_mask<Mesh>,
                          Stage::template replica_mask<Mesh>);
 }
 

@@ -12,7 +12,7 @@
 //   3      split(m:dp)  replicate  partial(dp)  split(m:dp)  split(m:dp)  split(m:dp)
 //
 // - compute is what an einsum uses; the gradient backward produces is its dual
-//   (replicate <-> partial), so it always arrives partial over the data axis.
+//   (replicate <-> partial), so it always arrives partial over the data axes.
 // - kept gradient: what the gradient collective leaves, the layout the optimizer reads.
 //   partial -> replicate is an all-reduce (stage 0), partial -> split a reduce-scatter.
 // - gradient buffer: what the gradient costs in memory over a step. Stage 1 partitions only
@@ -41,8 +41,9 @@
 // partial over each; the stage partitions the states over its shard axes and keeps them
 // replicated over its replica axes:
 //   zero_stage<3, "dp">                              ZeRO-3 over dp
-//   zero_stage<3, "node,gpu">                        ZeRO-3 over both axes at once (one split
-//                                                    of m, node major)
+//   zero_stage<3, "gpu,node">                        ZeRO-3 over both axes at once (one split
+//                                                    of m, gpu major: the node all-gather
+//                                                    moves the small blocks, see below)
 //   zero_stage<3, "dp">::replicated_over<"dp_rep">   HSDP (FSDP2's hybrid sharding): ZeRO-3
 //                                                    within dp, DDP across dp_rep
 // Under HSDP the kept gradient is split over dp and replicated over dp_rep, so the gradient
@@ -58,6 +59,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -178,7 +180,7 @@ constexpr std::size_t axis_index_of(std::string_view axis) {
   return Mesh::axis_names.size();
 }
 
-// A list of mesh axis names: one name, or several separated by commas ("node,gpu"); "" is
+// A list of mesh axis names: one name, or several separated by commas ("gpu,node"); "" is
 // the empty list.
 constexpr std::size_t axis_list_size(std::string_view s) {
   if (s.empty()) return 0;
@@ -186,11 +188,17 @@ constexpr std::size_t axis_list_size(std::string_view s) {
   for (char c : s) n += c == ',' ? 1U : 0U;
   return n;
 }
+// The i-th name (loops, not string_view::find: see docs/design-notes.md, "Compiler notes");
+// past the last one, the first.
 constexpr std::string_view axis_list_item(std::string_view s, std::size_t i) {
   std::size_t begin = 0;
-  for (std::size_t k = 0; k < i; ++k) begin = s.find(',', begin) + 1;
-  const std::size_t end = s.find(',', begin);
-  return s.substr(begin, end == std::string_view::npos ? std::string_view::npos : end - begin);
+  for (std::size_t k = 0; k < i; ++k) {
+    while (begin < s.size() && s[begin] != ',') ++begin;
+    begin = begin < s.size() ? begin + 1 : 0;
+  }
+  std::size_t end = begin;
+  while (end < s.size() && s[end] != ',') ++end;
+  return s.substr(begin, end - begin);
 }
 // Empty names and names given twice make a list ill-formed.
 constexpr bool axis_list_well_formed(std::string_view s) {
@@ -245,17 +253,37 @@ constexpr bool mesh_has_axes(std::string_view list) {
   return true;
 }
 
-// split<D, names of S...> and layout<partial<name>...> over the names of S.
-template <char D, fixed_string S, std::size_t... I>
-split<D, axis_list_name<S, I>()...> split_over_list(std::index_sequence<I...>);
+// split<D, names of S...> and layout<partial<name>...> over the names of S (at most
+// max_axes). Picked from a list by the count, not deduced from an index sequence: nvcc's
+// front end does not deduce split<D, name<S, I>()...> (docs/design-notes.md, "Compiler
+// notes").
+template <fixed_string S, std::size_t I>
+inline constexpr auto axis_list_name_v = axis_list_name<S, I>();
 template <char D, fixed_string S>
-using split_over =
-    decltype(split_over_list<D, S>(std::make_index_sequence<axis_list_size(view_of<S>)>{}));
-template <fixed_string S, std::size_t... I>
-layout<partial<axis_list_name<S, I>()>...> partial_over_list(std::index_sequence<I...>);
+using split_over = std::tuple_element_t<
+    axis_list_size(view_of<S>),
+    std::tuple<split<D>, split<D, axis_list_name_v<S, 0>>,
+               split<D, axis_list_name_v<S, 0>, axis_list_name_v<S, 1>>,
+               split<D, axis_list_name_v<S, 0>, axis_list_name_v<S, 1>, axis_list_name_v<S, 2>>,
+               split<D, axis_list_name_v<S, 0>, axis_list_name_v<S, 1>, axis_list_name_v<S, 2>,
+                     axis_list_name_v<S, 3>>,
+               split<D, axis_list_name_v<S, 0>, axis_list_name_v<S, 1>, axis_list_name_v<S, 2>,
+                     axis_list_name_v<S, 3>, axis_list_name_v<S, 4>>,
+               split<D, axis_list_name_v<S, 0>, axis_list_name_v<S, 1>, axis_list_name_v<S, 2>,
+                     axis_list_name_v<S, 3>, axis_list_name_v<S, 4>, axis_list_name_v<S, 5>>>>;
+template <fixed_string S, std::size_t I>
+using partial_at = partial<axis_list_name_v<S, I>>;
 template <fixed_string S>
-using partial_over =
-    decltype(partial_over_list<S>(std::make_index_sequence<axis_list_size(view_of<S>)>{}));
+using partial_over = std::tuple_element_t<
+    axis_list_size(view_of<S>),
+    std::tuple<layout<>, layout<partial_at<S, 0>>, layout<partial_at<S, 0>, partial_at<S, 1>>,
+               layout<partial_at<S, 0>, partial_at<S, 1>, partial_at<S, 2>>,
+               layout<partial_at<S, 0>, partial_at<S, 1>, partial_at<S, 2>, partial_at<S, 3>>,
+               layout<partial_at<S, 0>, partial_at<S, 1>, partial_at<S, 2>, partial_at<S, 3>,
+                      partial_at<S, 4>>,
+               layout<partial_at<S, 0>, partial_at<S, 1>, partial_at<S, 2>, partial_at<S, 3>,
+                      partial_at<S, 4>, partial_at<S, 5>>>>;
+static_assert(max_axes == 6, "zest: split_over and partial_over list max_axes names");
 
 }  // namespace detail
 
@@ -276,15 +304,15 @@ template <class Stage>
 struct bad_secondary_axes {
   static_assert(always_false<Stage>,
                 "zest zero_stage: hpZ's secondary copy (with_secondary_over) is split over some "
-                "of a stage-3 parameter's data axes, the ones inside a node. Fix: zero_stage<3, "
-                "\"node,gpu\">::with_secondary_over<\"gpu\">.");
+                "of a stage-3 parameter's shard axes (not all of them): the ones inside a "
+                "node. Fix: zero_stage<3, \"gpu,node\">::with_secondary_over<\"gpu\">.");
 };
 template <class Stage>
 struct bad_axis_list {
   static_assert(always_false<Stage>,
                 "zest zero_stage: the data axes are one or more mesh axis names separated by "
                 "commas, each once, and a replica axis is none of them. Fix: e.g. "
-                "zero_stage<3, \"dp\">, zero_stage<3, \"node,gpu\"> or "
+                "zero_stage<3, \"dp\">, zero_stage<3, \"gpu,node\"> or "
                 "zero_stage<3, \"dp\">::replicated_over<\"dp_rep\">.");
 };
 template <class Stage, fixed_string Dims>
@@ -344,17 +372,19 @@ struct zero_stage {
   static constexpr auto secondary_axes = detail::axis_list_of<SecondaryAxes>();
   static constexpr bool hierarchical = !secondary_axes.empty();
   static constexpr bool secondary_well_formed() {
-    if (!hierarchical) return true;
-    if (Stage != 3 || !detail::axis_list_well_formed(view_of<SecondaryAxes>)) return false;
+    // Some of the shard axes, not all (that secondary would be the stored shard itself).
+    bool ok =
+        !hierarchical || (Stage == 3 && detail::axis_list_well_formed(view_of<SecondaryAxes>) &&
+                          secondary_axes.size() < shard_axes.size());
     for (std::string_view a : secondary_axes) {
       bool found = false;
       for (std::string_view d : shard_axes) found = found || a == d;
-      if (!found) return false;
+      ok = ok && found;
     }
-    return true;
+    return ok;
   }
 
-  // What the stage partitions over the data axis (ZeRO's P_os, P_g, P_p).
+  // What the stage partitions over its shard axes (ZeRO's P_os, P_g, P_p).
   static constexpr bool partitions_optimizer_state = Stage >= 1;
   static constexpr bool partitions_gradients = Stage >= 2;
   static constexpr bool partitions_parameters = Stage >= 3;
