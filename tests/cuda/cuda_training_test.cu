@@ -56,16 +56,7 @@ void compare(const run_result& gpu, const run_result& host, double loss_toleranc
     CHECK(std::abs(gpu.losses[k] - host.losses[k]) <= loss_tolerance * std::abs(host.losses[k]));
   }
   CHECK(host.losses.back() < host.losses.front());  // the runs train
-  REQUIRE(gpu.params.size() == host.params.size());
-  for (const auto& [name, values] : host.params) {
-    const auto& g = gpu.params.at(name);
-    REQUIRE(g.size() == values.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < values.size(); ++i)
-      worst = std::max(worst, static_cast<double>(std::abs(g[i] - values[i])));
-    INFO("parameter " << name << ": largest difference " << worst);
-    CHECK(worst <= param_tolerance);
-  }
+  check_same_parameters(gpu.params, host.params, param_tolerance);
   CHECK(gpu.state_bytes == host.state_bytes);
 }
 

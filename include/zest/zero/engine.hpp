@@ -484,23 +484,35 @@ class zero_engine {
     if (gr.live || gr.params.empty()) return;
     if (!gr.gathering()) start_gather(g, backward, /*needed_now=*/true);
     gr.gather->wait();
+    bool taken = false;
+    if constexpr (P::stage::hierarchical) {
+      if (!gr.gather_backward) {
+        take_keeping_secondaries(gr);
+        taken = true;
+      }
+    }
+    for (std::size_t k = 0; !taken && k < gr.params.size(); ++k)
+      gr.params[k]->take_gathered(gr.gather->release(k));
+    gr.gather.reset();
+    gr.live = true;
+  }
+
+  // hpZ after a forward gather: each parameter's secondary copy, cut from its gathered value
+  // by the mover (slices, no communication) before take_gathered converts the value.
+  void take_keeping_secondaries(group& gr) {
     std::vector<typename backend_t::template buffer<param_type>> gathered;
     gathered.reserve(gr.params.size());
     for (std::size_t k = 0; k < gr.params.size(); ++k) gathered.push_back(gr.gather->release(k));
-    if (P::stage::hierarchical && !gr.gather_backward) {
-      typename slot::template mover<param_type> keep(*mesh_);
-      for (std::size_t k = 0; k < gr.params.size(); ++k) {
-        gr.params[k]->add_keep(keep,
-                               std::span<const param_type>(gathered[k].data(), gathered[k].size()));
-      }
-      keep.run();
-      for (std::size_t k = 0; k < gr.params.size(); ++k)
-        gr.params[k]->take_secondary(keep.release(k));
+    typename slot::template mover<param_type> keep(*mesh_);
+    for (std::size_t k = 0; k < gr.params.size(); ++k) {
+      gr.params[k]->add_keep(keep,
+                             std::span<const param_type>(gathered[k].data(), gathered[k].size()));
     }
-    for (std::size_t k = 0; k < gr.params.size(); ++k)
+    keep.run();
+    for (std::size_t k = 0; k < gr.params.size(); ++k) {
+      gr.params[k]->take_secondary(keep.release(k));
       gr.params[k]->take_gathered(std::move(gathered[k]));
-    gr.gather.reset();
-    gr.live = true;
+    }
   }
 
   void note_live() { peak_live_ = std::max(peak_live_, live_groups()); }
