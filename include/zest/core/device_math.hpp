@@ -36,6 +36,7 @@ ZEST_DMATH_UNARY(exp)
 ZEST_DMATH_UNARY(log)
 ZEST_DMATH_UNARY(tanh)
 ZEST_DMATH_UNARY(sqrt)
+ZEST_DMATH_UNARY(floor)
 #undef ZEST_DMATH_UNARY
 
 template <class T>

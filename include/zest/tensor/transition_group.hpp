@@ -7,6 +7,11 @@
 //   g.start(); ...; g.wait();                        // or g.run(), blocking
 //   auto block = g.release(0);
 //
+// A group can put its all-gathers and reduce-scatters on a quantized wire (int8 blocks with
+// fp32 scales: zest/layout/wire.hpp, ZeRO++'s qwZ and qgZ): transition_group g(mesh,
+// int8_blocks(256)). Each rank then encodes its parts, the collective moves bytes (a
+// reduce-scatter becomes an all-to-all), and the receiver decodes (and sums, in fp32).
+//
 // redistribute and redistribute_all/async (zest/tensor/redistribute.hpp) are its typed front:
 // every change of layout in zest runs here. The dims are run-time strings and the extents a
 // max_dims array, so this compiles once per element type, mesh and backend.
@@ -26,11 +31,15 @@
 #include "zest/comm/checked.hpp"
 #include "zest/comm/communicator.hpp"
 #include "zest/config.hpp"
+#include "zest/core/bfloat16.hpp"
 #include "zest/core/error.hpp"
+#include "zest/core/float16.hpp"
 #include "zest/core/memory.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
 #include "zest/layout/transition.hpp"
+#include "zest/layout/wire.hpp"
+#include "zest/tensor/wire_codec.hpp"
 
 namespace zest {
 
@@ -94,27 +103,42 @@ inline slab slab_around(const shard_extents& ext, std::size_t rank, std::size_t 
   return s;
 }
 
+// The element types a quantized wire can carry.
+template <class T>
+inline constexpr bool wire_quantizable_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bfloat16> ||
+    std::is_same_v<T, float16>;
+
 // One collective step for several shards at once: the same kind on the same axis, each shard
 // with its own step (its dims). The shards' blocks travel in one collective, rank-major (for
 // each rank of the axis, every shard's block for it, in the shards' order); prepare() packs,
 // start() issues the collective (blocking or not), finish() waits and unpacks. With one shard
-// whose blocks are already in place, nothing is packed.
+// whose blocks are already in place, nothing is packed. On a quantized wire the packed parts
+// are encoded after packing and decoded before unpacking (zest/layout/wire.hpp).
 template <class T, class Mesh, class Backend>
 class coalesced_step {
  public:
   using buffer = typename Backend::template buffer<T>;
+  using bytes = typename Backend::template buffer<std::uint8_t>;
   struct member {
     moving_shard<T, Backend>* shard;
     transition_step step;
   };
 
-  coalesced_step(std::vector<member> members, const Mesh& mesh)
+  coalesced_step(std::vector<member> members, const Mesh& mesh, wire_format wire = {})
       : members_(std::move(members)),
         mesh_(&mesh),
         kind_(members_.front().step.kind),
         axis_(members_.front().step.axis),
         n_(static_cast<std::size_t>(mesh.size(axis_))),
-        me_(static_cast<std::size_t>(mesh.coord(axis_))) {}
+        me_(static_cast<std::size_t>(mesh.coord(axis_))),
+        wire_(wire),
+        quantized_(wire.carries(kind_)) {
+    if (quantized_ && !wire_quantizable_v<T>) {
+      throw std::logic_error(
+          "zest transition_group: a quantized wire carries floating-point elements only");
+    }
+  }
   coalesced_step(const coalesced_step&) = delete;
   coalesced_step& operator=(const coalesced_step&) = delete;
 
@@ -205,6 +229,7 @@ class coalesced_step {
       }
     }
     pack(send_at, recv_at);
+    if (quantized_) encode();
   }
 
   // Issues the collective: non-blocking (a request that finish() waits on) or blocking.
@@ -214,6 +239,10 @@ class coalesced_step {
     const std::span<const T> in(send_ptr_, send_size_);
     const std::span<T> out(recv_ptr_, recv_size_);
     const std::span<const std::size_t> sc(send_counts_), rc(recv_counts_);
+    if (quantized_) {
+      start_quantized(comm, blocking);
+      return;
+    }
     switch (kind_) {
       case step_kind::all_reduce:
         if (blocking) {
@@ -251,6 +280,7 @@ class coalesced_step {
   // Waits for the collective and hands each member its new block and layout.
   void finish() {
     done_.wait();
+    if (quantized_) decode();
     for (std::size_t k = 0; k < members_.size(); ++k) {
       auto& sh = *members_[k].shard;
       const auto& s = members_[k].step;
@@ -319,6 +349,8 @@ class coalesced_step {
     }
     memory::release(send_);
     memory::release(recv_);
+    memory::release(wire_send_);
+    memory::release(wire_recv_);
   }
 
  private:
@@ -406,6 +438,92 @@ class coalesced_step {
     send_size_ = send_.size();
   }
 
+  // ----- The quantized wire (zest/layout/wire.hpp) ---------------------------------------
+  // A tensor's part as packed (elements from `at`) and on the wire (bytes from `wire_at`).
+  struct wire_part {
+    std::size_t at, count, wire_at;
+  };
+
+  // The packed send parts -> wire_send_, with the wire's counts both ways. An all-gather
+  // sends my part to everyone and receives everyone's; a reduce-scatter becomes an
+  // all-to-all: part c of each tensor to rank c, and from every rank its part for me.
+  void encode() {
+    const std::size_t m = members_.size();
+    wire_send_counts_.assign(n_, 0);
+    wire_recv_counts_.assign(n_, 0);
+    std::vector<wire_part> sends;
+    std::size_t wire_at = 0;
+    for (std::size_t c = 0; c < n_; ++c) {
+      for (std::size_t k = 0; k < m; ++k) {
+        const std::size_t count = per_[k].send[c];
+        sends.push_back({per_[k].send_at[c], count, wire_at});
+        wire_at += wire_.bytes(count);
+        wire_send_counts_[c] += wire_.bytes(count);
+        const std::size_t in = kind_ == step_kind::all_gather ? per_[k].recv[c] : per_[k].send[me_];
+        wire_recv_counts_[c] += wire_.bytes(in);
+      }
+    }
+    wire_send_ = bytes(wire_at);
+    for (const wire_part& p : sends) {
+      if (p.count == 0) continue;
+      const std::size_t blocks = (p.count + wire_.block - 1) / wire_.block;
+      Backend::for_each(blocks, encode_blocks_fn<T>{send_ptr_ + p.at, p.count, wire_.block,
+                                                    wire_send_.data() + p.wire_at});
+    }
+    std::size_t recv_total = 0;
+    for (std::size_t c : wire_recv_counts_) recv_total += c;
+    wire_recv_ = bytes(recv_total);
+  }
+
+  template <class Comm>
+  void start_quantized(Comm& comm, bool blocking) {
+    const std::span<const std::uint8_t> in(wire_send_.data(), wire_send_.size());
+    const std::span<std::uint8_t> out(wire_recv_.data(), wire_recv_.size());
+    const std::span<const std::size_t> sc(wire_send_counts_), rc(wire_recv_counts_);
+    if (kind_ == step_kind::all_gather) {
+      if (blocking) {
+        comm.all_gather(in, out, rc);
+      } else {
+        done_ = comm.iall_gather(in, out, rc);
+      }
+    } else if (blocking) {
+      comm.all_to_all(in, sc, out, rc);
+    } else {
+      done_ = comm.iall_to_all(in, sc, out, rc);
+    }
+  }
+
+  // wire_recv_ -> the received blocks in recv_, as the exact collective leaves them: every
+  // rank's part decoded (all-gather; mine too, so every rank holds the same values), or the
+  // parts for me decoded and summed in rank order (reduce-scatter).
+  void decode() {
+    const std::size_t m = members_.size();
+    std::size_t wire_at = 0;
+    if (kind_ == step_kind::all_gather) {
+      for (std::size_t c = 0; c < n_; ++c) {
+        for (std::size_t k = 0; k < m; ++k) {
+          const std::size_t count = per_[k].recv[c];
+          if (count != 0) {
+            Backend::for_each(count, decode_fn<T>{wire_recv_.data() + wire_at, count, wire_.block,
+                                                  recv_ptr_ + per_[k].recv_at[c]});
+          }
+          wire_at += wire_.bytes(count);
+        }
+      }
+      return;
+    }
+    const std::size_t stride = wire_recv_counts_.front();  // every rank's part for me alike
+    for (std::size_t k = 0; k < m; ++k) {
+      const std::size_t count = per_[k].recv[me_];
+      if (count != 0) {
+        Backend::for_each(count,
+                          decode_sum_fn<T>{wire_recv_.data() + wire_at, stride, n_, count,
+                                           wire_.block, recv_ptr_ + per_[k].recv_at[me_]});
+      }
+      wire_at += wire_.bytes(count);
+    }
+  }
+
   // Checked mode compares this across ranks and names it in a mismatch or a timeout:
   //   "bsm" split(b:dp) -> replicate (all_gather over dp)
   //   3 tensors: "mh" split(m:dp) -> replicate, "h" ..., (all_gather over dp)
@@ -419,7 +537,9 @@ class coalesced_step {
         << shown(to_string(after_step(sh.layout, members_[k].step), Mesh::axis_names));
     }
     if (members_.size() > 3) o << ", ...";
-    o << " (" << name_of(kind_) << " over " << Mesh::axis_names[axis_] << ')';
+    o << " (" << name_of(kind_) << " over " << Mesh::axis_names[axis_];
+    if (quantized_) o << ", int8 blocks of " << wire_.block;
+    o << ')';
   }
 
   std::vector<member> members_;
@@ -434,7 +554,11 @@ class coalesced_step {
   std::size_t send_size_ = 0, recv_size_ = 0;
   bool in_place_ = false;    // a lone all_reduce: on the shard's own buffer
   bool direct_out_ = false;  // one shard: the received buffer is its new block
-  request done_;             // last: destroyed (waited for) before the buffers
+  wire_format wire_;
+  bool quantized_;  // this step travels on the quantized wire
+  std::vector<std::size_t> wire_send_counts_, wire_recv_counts_;  // bytes, per rank
+  bytes wire_send_, wire_recv_;
+  request done_;  // last: destroyed (waited for) before the buffers
 };
 
 // A group of shards, each with its own plan, moved together: every collective step is issued
@@ -448,7 +572,13 @@ class transition_group {
  public:
   using buffer = typename Backend::template buffer<T>;
 
-  explicit transition_group(const Mesh& mesh) : mesh_(&mesh) {}
+  // `wire`: how the group's all-gathers and reduce-scatters travel (exact by default).
+  explicit transition_group(const Mesh& mesh, wire_format wire = {}) : mesh_(&mesh), wire_(wire) {
+    if (wire_.quantized() && !wire_quantizable_v<T>) {
+      throw std::logic_error(
+          "zest transition_group: a quantized wire carries floating-point elements only");
+    }
+  }
   transition_group(const transition_group&) = delete;
   transition_group& operator=(const transition_group&) = delete;
   ~transition_group() = default;  // an issued collective is waited for (request's destructor)
@@ -545,7 +675,8 @@ class transition_group {
       ++next_[k];
     }
     if (members.empty()) return nullptr;
-    auto step = std::make_unique<coalesced_step<T, Mesh, Backend>>(std::move(members), *mesh_);
+    auto step =
+        std::make_unique<coalesced_step<T, Mesh, Backend>>(std::move(members), *mesh_, wire_);
     step->prepare();
     return step;
   }
@@ -569,6 +700,7 @@ class transition_group {
   }
 
   const Mesh* mesh_;
+  wire_format wire_;
   std::vector<std::unique_ptr<moving_shard<T, Backend>>> shards_;
   std::vector<transition_plan> plans_;
   std::vector<std::size_t> next_;

@@ -28,6 +28,11 @@
 //                                  AdamW on the owned shard; stages 1, 2: all-gather the
 //                                  updated shards (master -> stored)
 //
+// Under ZeRO++'s qwZ and qgZ (zero_stage<3>::with_quantized_weights<B>,
+// ::with_quantized_gradients<B>) the gathers and the gradients' reduce-scatters of the table
+// travel as int8 blocks (zest/layout/wire.hpp): the mover encodes and decodes, the engine
+// only names the wire of each group transition.
+//
 // Activation recomputation (options().recompute, zest/autodiff/checkpoint.hpp): a layer
 // checkpoints its body inside its group's scope, so the body's one backward step lies between
 // the group's two hooks; backward gathers the group (stage 3), recomputes the body on those
@@ -470,7 +475,8 @@ class zero_engine {
     group& gr = groups_[g];
     if (gr.gathering() || gr.live || gr.params.empty()) return;
     if (!needed_now && live_groups() >= options_.max_live_groups) return;
-    gr.gather = std::make_unique<typename slot::template mover<param_type>>(*mesh_);
+    gr.gather =
+        std::make_unique<typename slot::template mover<param_type>>(*mesh_, P::stage::gather_wire);
     gr.gather_backward = backward;
     for (slot* p : gr.params) p->add_gather(*gr.gather, backward);
     gr.gather->start();
@@ -546,7 +552,8 @@ class zero_engine {
     red->group = g;
     red->first = first;
     red->last = last;
-    red->move = std::make_unique<typename slot::template mover<grad_type>>(*mesh_);
+    red->move = std::make_unique<typename slot::template mover<grad_type>>(*mesh_,
+                                                                          P::stage::gradient_wire);
     for (std::size_t i = first; i < last; ++i) gr.params[i]->add_gradient_reduction(*red->move);
     red->move->start();
     pending_.push_back(std::move(red));
@@ -566,7 +573,7 @@ class zero_engine {
   void reduce_buffers_of(std::size_t g) {
     group& gr = groups_[g];
     for (const auto& [first, last] : buckets_of(gr)) {
-      typename slot::template mover<grad_type> move(*mesh_);
+      typename slot::template mover<grad_type> move(*mesh_, P::stage::gradient_wire);
       for (std::size_t i = first; i < last; ++i) gr.params[i]->add_buffer_reduction(move);
       move.run();
       for (std::size_t i = first; i < last; ++i) gr.params[i]->take_kept(move.release(i - first));

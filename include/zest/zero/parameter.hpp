@@ -383,7 +383,9 @@ class parameter final : public detail::parameter_slot<P> {
       detail::on_data_axes(base, z.gradient_buffer, data),
       detail::on_data_axes(base, z.optimizer_state, data),
       detail::on_data_axes(base, z.master, data),
-      z.secondary.axis_count != 0 ? detail::on_data_axes(base, z.secondary, data) : layout_value{}};
+      z.secondary.axis_count != 0 ? detail::on_data_axes(base, z.secondary, data) : layout_value{},
+      z.gather_wire,
+      z.gradient_wire};
   static constexpr layout_value reduced_gradient =
       detail::reduce_other_axes(layouts.gradient, layouts.kept_gradient, data);
 

@@ -37,6 +37,7 @@
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
 #include "zest/layout/transition.hpp"
+#include "zest/layout/wire.hpp"
 #include "zest/mesh/mesh_shape.hpp"
 #include "zest/plan/explain.hpp"  // detail::step_bytes, detail::after_step, detail::local_elements
 #include "zest/zero/stage.hpp"
@@ -350,15 +351,16 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
     const transition_plan steps = cached_transition_plan(x.from, x.to, shape, data_mask);
     for (const auto& s : steps) {
       if (is_collective(s.kind)) {
-        const std::uint64_t b =
-            static_cast<std::uint64_t>(step_elements(s, v, shape, here)) * element;
-        const auto k = static_cast<std::size_t>(collective_of(s.kind));
+        // On a quantized wire (qwZ, qgZ) the bytes are the wire's, and a reduce-scatter is
+        // an all-to-all; `elements` stays the elements the step moves.
+        const std::uint64_t b = step_wire_bytes(s, v, shape, here, x.wire, element);
+        const auto k = static_cast<std::size_t>(x.wire.collective_for(s.kind));
         t.calls[k] += 1;
         t.bytes_by[k] += b;
         t.calls_on[s.axis][k] += 1;
         t.bytes_on[s.axis][k] += b;
         t.bytes += b;
-        t.elements += b / element;
+        t.elements += step_elements(s, v, shape, here);
       }
       v = after_step(v, s);
     }
@@ -467,6 +469,29 @@ constexpr hsdp_formula_values hsdp_formula(int stage, double psi, double n, doub
                                            const training_precision& pr = mixed_precision_adam) {
   const zero_formula_values z = zero_formula(stage, psi, n, pr);
   return {z.memory_bytes, z.elements_sent, 2.0 * psi / n * (r - 1) / r};
+}
+
+// ZeRO++'s quantized wires on stage 3 over n ranks (zero_stage<3>::with_quantized_weights<Bw>
+// ::with_quantized_gradients<Bg>; a block of 0 is the exact wire): bytes sent per step and
+// rank. The forward and backward all-gathers move 2 Psi (n-1)/n elements, the gradients'
+// reduce-scatter (an all-to-all under qgZ) Psi (n-1)/n; an element costs 1 + 4/B bytes on a
+// wire of blocks B (int8 and one fp32 scale per block: zest/layout/wire.hpp), its own size on
+// an exact one. Exact where every parameter's part per rank is a multiple of B and of 4; else
+// each part rounds up to whole blocks and to 4 bytes.
+struct zeropp_formula_values {
+  double gather_bytes = 0;
+  double gradient_bytes = 0;
+  constexpr double total() const { return gather_bytes + gradient_bytes; }
+};
+constexpr zeropp_formula_values zeropp_formula(double psi, double n, std::uint32_t weight_block,
+                                               std::uint32_t gradient_block,
+                                               const training_precision& pr = mixed_precision_adam) {
+  const auto per_element = [](std::uint32_t block, std::size_t exact) {
+    return block == 0 ? static_cast<double>(exact) : 1.0 + 4.0 / static_cast<double>(block);
+  };
+  const double moved = psi * (n - 1) / n;
+  return {2 * moved * per_element(weight_block, pr.parameter_bytes),
+          moved * per_element(gradient_block, pr.gradient_bytes)};
 }
 
 }  // namespace zest

@@ -68,6 +68,7 @@
 #include "zest/layout/layout.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/layout/transition.hpp"
+#include "zest/layout/wire.hpp"
 
 namespace zest {
 
@@ -111,6 +112,10 @@ struct zero_layouts {
   // backward one, which then gathers from it (axis_count 0: none, backward gathers the
   // stored shard).
   layout_value secondary{};
+  // ZeRO++'s qwZ and qgZ: how the weight gathers (stored or secondary -> compute) and the
+  // gradient reduce-scatters travel (zest/layout/wire.hpp; exact unless the stage says).
+  wire_format gather_wire{};
+  wire_format gradient_wire{};
   constexpr bool operator==(const zero_layouts&) const = default;
 };
 
@@ -135,21 +140,25 @@ constexpr std::string_view name_of(zero_phase p) {
   return "?";
 }
 
-// One phase as a transition; plan_transition(from, to) gives its collectives.
+// One phase as a transition; plan_transition(from, to) gives its collectives, `wire` how
+// they travel.
 struct zero_transfer {
   zero_phase phase = zero_phase::forward_gather;
   layout_value from{};
   layout_value to{};
   bool carries_gradient = false;  // gradient element type, else parameter element type
+  wire_format wire{};
 };
 
 constexpr zero_transfer transfer_of(const zero_layouts& l, zero_phase p) {
   switch (p) {
-    case zero_phase::forward_gather: return {p, l.stored, l.compute, false};
+    case zero_phase::forward_gather: return {p, l.stored, l.compute, false, l.gather_wire};
     case zero_phase::backward_gather:
-      return {p, l.secondary.axis_count != 0 ? l.secondary : l.stored, l.compute, false};
-    case zero_phase::gradient_reduction: return {p, l.gradient, l.kept_gradient, true};
-    case zero_phase::parameter_update: return {p, l.master, l.stored, false};
+      return {p, l.secondary.axis_count != 0 ? l.secondary : l.stored, l.compute, false,
+              l.gather_wire};
+    case zero_phase::gradient_reduction:
+      return {p, l.gradient, l.kept_gradient, true, l.gradient_wire};
+    case zero_phase::parameter_update: return {p, l.master, l.stored, false, {}};
   }
   return {};
 }
@@ -315,6 +324,20 @@ struct bad_axis_list {
                 "zero_stage<3, \"dp\">, zero_stage<3, \"gpu,node\"> or "
                 "zero_stage<3, \"dp\">::replicated_over<\"dp_rep\">.");
 };
+template <class Stage>
+struct quantized_weights_need_stage_3 {
+  static_assert(always_false<Stage>,
+                "zest zero_stage: ZeRO++'s qwZ quantizes the all-gathers of a stage-3 "
+                "parameter's weights; under stages 0-2 weights are not gathered for use. Fix: "
+                "zero_stage<3, ...>::with_quantized_weights<B>, or leave it out.");
+};
+template <class Stage>
+struct quantized_gradients_need_a_reduce_scatter {
+  static_assert(always_false<Stage>,
+                "zest zero_stage: ZeRO++'s qgZ quantizes the gradients' reduce-scatter, which "
+                "stages 1-3 run; stage 0 all-reduces them (exact). Fix: zero_stage<1>, <2> or "
+                "<3> ::with_quantized_gradients<B>, or leave it out.");
+};
 template <class Stage, fixed_string Dims>
 struct split_dim_out_of_range {
   static_assert(always_false<Stage>,
@@ -338,7 +361,8 @@ struct scalar_parameter {
 //   constexpr auto l = z3::layouts<zest::mesh<"dp">, "mh">; // zero_layouts, normalised
 //   using hsdp = z3::replicated_over<"dp_rep">;             // ZeRO-3 in dp, DDP over dp_rep
 template <int Stage, fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim,
-          fixed_string ReplicaAxes = "", fixed_string SecondaryAxes = "">
+          fixed_string ReplicaAxes = "", fixed_string SecondaryAxes = "",
+          std::uint32_t WeightBlock = 0, std::uint32_t GradientBlock = 0>
 struct zero_stage {
   static_assert(
       Stage >= 0 && Stage <= 3,
@@ -350,16 +374,34 @@ struct zero_stage {
   using split_rule = SplitRule;
   // The same stage with another split rule (for parameters whose first dim is taken).
   template <zero_split_rule R>
-  using with_split_rule = zero_stage<Stage, DataAxis, R, ReplicaAxes, SecondaryAxes>;
+  using with_split_rule =
+      zero_stage<Stage, DataAxis, R, ReplicaAxes, SecondaryAxes, WeightBlock, GradientBlock>;
   // The same stage, its states also replicated over the axes R (hybrid sharding): the batch
   // is split over them too, and their gradient sums are all-reduced.
   template <fixed_string R>
-  using replicated_over = zero_stage<Stage, DataAxis, SplitRule, R, SecondaryAxes>;
+  using replicated_over =
+      zero_stage<Stage, DataAxis, SplitRule, R, SecondaryAxes, WeightBlock, GradientBlock>;
   // ZeRO++'s hpZ (stage 3): from its forward gather to its backward one a parameter keeps a
   // secondary copy split over the axes S only (some of DataAxis: the ones inside a node), cut
   // from the gathered value without communication; backward gathers it over S alone.
   template <fixed_string S>
-  using with_secondary_over = zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, S>;
+  using with_secondary_over =
+      zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, S, WeightBlock, GradientBlock>;
+  // ZeRO++'s qwZ (stage 3): the weight all-gathers, forward and backward, travel as int8 with
+  // one fp32 scale per B elements (zest/layout/wire.hpp): about a quarter of fp32's bytes.
+  // The stored shards and the optimizer stay exact; every rank computes with the same
+  // decoded weights.
+  template <std::uint32_t B = 256>
+  using with_quantized_weights =
+      zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, SecondaryAxes, B, GradientBlock>;
+  // ZeRO++'s qgZ (stages 1-3): the gradients' reduce-scatters become an all-to-all of int8
+  // blocks (one fp32 scale per B elements), decoded and summed in fp32 by the receiver.
+  // Sums over replica axes (HSDP's all-reduce) stay exact.
+  template <std::uint32_t B = 256>
+  using with_quantized_gradients =
+      zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, SecondaryAxes, WeightBlock, B>;
+  static constexpr wire_format gather_wire = int8_blocks(WeightBlock);
+  static constexpr wire_format gradient_wire = int8_blocks(GradientBlock);
 
   // The axes the stage partitions over, those it replicates over, and both: the axes the
   // batch is split over ("data axes").
@@ -440,6 +482,12 @@ struct zero_stage {
     } else if constexpr (!secondary_well_formed()) {
       (void)zero_error::bad_secondary_axes<zero_stage>{};
       return {};
+    } else if constexpr (WeightBlock != 0 && Stage != 3) {
+      (void)zero_error::quantized_weights_need_stage_3<zero_stage>{};
+      return {};
+    } else if constexpr (GradientBlock != 0 && Stage == 0) {
+      (void)zero_error::quantized_gradients_need_a_reduce_scatter<zero_stage>{};
+      return {};
     } else if constexpr (Dims.size() == 0) {
       (void)zero_error::scalar_parameter<zero_stage>{};
       return {};
@@ -463,6 +511,8 @@ struct zero_stage {
       l.optimizer_state = layout_value_of<Mesh, Dims, optimizer_state_layout<Dims>>;
       l.master = layout_value_of<Mesh, Dims, master_layout<Dims>>;
       if constexpr (hierarchical) l.secondary = layout_value_of<Mesh, Dims, secondary_layout<Dims>>;
+      l.gather_wire = gather_wire;
+      l.gradient_wire = gradient_wire;
       return l;
     }
   }
