@@ -124,6 +124,39 @@ inline option path_option(std::string_view name, std::string_view value, std::st
           }};
 }
 
+// --zeropp: the parts of ZeRO++, a comma-separated list of hpz, qwz and qgz, each once. The
+// example builds the three together (one policy: zeropp_stage in train_gpt.hpp); a program
+// chooses each part alone in its zero_stage (README).
+inline option zeropp_option() {
+  return {"--zeropp", "LIST",
+          "ZeRO++ on ZeRO-3 over dp and --nodes: hpZ (backward's all-\n"
+          "gathers inside a node), qwZ (weight all-gathers in int8),\n"
+          "qgZ (gradients reduce-scattered in int8); fp32 GPT on the CPU",
+          "hpz,qwz,qgz (off)", [](flags& f, std::string_view text) {
+            const std::vector<std::string> parts{"hpz", "qwz", "qgz"};
+            std::vector<std::string> seen;
+            std::size_t begin = 0;
+            while (begin <= text.size()) {
+              std::size_t end = text.find(',', begin);
+              if (end == std::string_view::npos) end = text.size();
+              const std::string part(text.substr(begin, end - begin));
+              if (std::find(parts.begin(), parts.end(), part) == parts.end() ||
+                  std::find(seen.begin(), seen.end(), part) != seen.end()) {
+                detail::refuse("--zeropp", "'" + std::string(text) + "'",
+                               "hpz, qwz and qgz separated by commas, each once");
+              }
+              seen.push_back(part);
+              begin = end + 1;
+            }
+            if (seen.size() != parts.size()) {
+              detail::refuse("--zeropp", "'" + std::string(text) + "'",
+                             "hpz,qwz,qgz: this example builds ZeRO++'s three parts together "
+                             "(a program chooses each alone in its zero_stage: README)");
+            }
+            f.zeropp = "hpz,qwz,qgz";
+          }};
+}
+
 // One of a few words.
 inline option choice_option(std::string_view name, std::string_view value,
                             std::string flags::*member, std::vector<std::string> choices,
@@ -258,7 +291,11 @@ inline const std::vector<option>& options() {
       number_option<int>("--hsdp", "N", &zf::hsdp, 1, std::numeric_limits<int>::max(),
                          "hybrid sharding (HSDP): the data-parallel ranks in N replica\n"
                          "groups; ZeRO partitions within a group (dp) and the groups hold\n"
-                         "replicas (dp_rep: gradients all-reduced across, one shard each)"),
+                         "replicas (node: gradients all-reduced across, one shard each)"),
+      zeropp_option(),
+      number_option<int>("--nodes", "N", &zf::nodes, 1, std::numeric_limits<int>::max(),
+                         "--zeropp: the data-parallel ranks in N nodes (the node axis:\n"
+                         "ZeRO partitions over dp and the nodes, hpZ's copy within one)"),
       switch_option("--checked", &zf::checked,
                     "checked mode (as ZEST_CHECKED=1): before every collective the\n"
                     "ranks compare what they call, so a mismatch is an error naming\n"
@@ -333,9 +370,10 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
                   std::int64_t model_state_bytes, double planner_bytes, double entropy) {
   std::cout << "train_gpt: " << zest::report::format_count(static_cast<double>(params))
             << " parameters, " << f.layers << " layers, width " << f.width << ", vocab "
-            << data.vocab_size() << " (padded " << vocab << "), ZeRO-" << f.zero << ", "
-            << f.precision << ", " << mesh << ", batch " << f.batch << " x " << f.context
-            << " tokens" << (f.recompute != "none" ? ", recompute " + f.recompute : std::string())
+            << data.vocab_size() << " (padded " << vocab << "), ZeRO-" << f.zero
+            << (f.zeropp.empty() ? std::string() : " ZeRO++ " + f.zeropp) << ", " << f.precision
+            << ", " << mesh << ", batch " << f.batch << " x " << f.context << " tokens"
+            << (f.recompute != "none" ? ", recompute " + f.recompute : std::string())
             << (f.arch == "llama"
                     ? ", llama: " + std::to_string(f.kv_heads) + " kv heads of " +
                           std::to_string(f.heads) + ", SwiGLU hidden " + std::to_string(f.hidden) +
@@ -370,6 +408,7 @@ zest::report::training_log start_log(const flags& f, std::size_t vocab, const st
   log.set("arch", f.arch);
   log.set("schedule", schedule_json(schedule_of(f)));
   log.set("zero_stage", static_cast<std::int64_t>(f.zero));
+  log.set("zeropp", f.zeropp);
   log.set("precision", f.precision);
   log.set("recompute", f.recompute);
   log.set("mesh", mesh);
@@ -645,17 +684,33 @@ void check_run(const flags& f, int world, int ranks_here) {
   if (f.moe && f.ep > 0 && f.experts % static_cast<std::size_t>(f.ep) != 0)
     fail("--ep " + std::to_string(f.ep) + " does not divide --experts " +
          std::to_string(f.experts));
-  flags unreplicated = f;
-  unreplicated.hsdp = 1;
-  const int dp_ranks = mesh_sizes(unreplicated, world)[1];
-  if (dp_ranks % f.hsdp != 0)
-    fail("--hsdp " + std::to_string(f.hsdp) + " does not divide the " + std::to_string(dp_ranks) +
+  if (!f.zeropp.empty()) {
+    if (f.zero != 3)
+      fail("--zeropp builds on ZeRO-3's partitioned parameters (this run asks --zero " +
+           std::to_string(f.zero) + ")");
+    if (f.precision != "fp32" || f.arch != "gpt" || f.device != "cpu")
+      fail("--zeropp trains the fp32 GPT on the CPU (this run asks --precision " + f.precision +
+           ", --arch " + f.arch + ", --device " + f.device + ")");
+    if (f.was_given("--hsdp"))
+      fail(
+          "--hsdp replicates the states across the nodes and --zeropp partitions them across "
+          "(--nodes N): choose one");
+  } else if (f.was_given("--nodes")) {
+    fail("--nodes applies to --zeropp runs (hybrid sharding's nodes are --hsdp N)");
+  }
+  flags one_node = f;
+  one_node.hsdp = one_node.nodes = 1;
+  const int dp_ranks = mesh_sizes(one_node, world)[1];
+  const int nodes = f.zeropp.empty() ? f.hsdp : f.nodes;
+  if (dp_ranks % nodes != 0)
+    fail((f.zeropp.empty() ? "--hsdp " : "--nodes ") + std::to_string(nodes) +
+         " does not divide the " + std::to_string(dp_ranks) +
          " data-parallel ranks that --tp, --sp and --ep leave");
   check_memory(f, mesh_sizes(f, world), ranks_here);
 }
 
 mesh_sizes_t mesh_sizes(const flags& f, int world) {
-  const int data = world / (f.tp * f.sp);  // dp_rep x dp x ep
+  const int data = world / (f.tp * f.sp);  // node x dp x ep
   int ep = f.ep;
   if (ep == 0) {
     ep = 1;
@@ -665,7 +720,8 @@ mesh_sizes_t mesh_sizes(const flags& f, int world) {
       }
     }
   }
-  return {f.hsdp, data / ep / f.hsdp, ep, f.tp, f.sp};
+  const int nodes = f.zeropp.empty() ? f.hsdp : f.nodes;
+  return {nodes, data / ep / nodes, ep, f.tp, f.sp};
 }
 
 memory_need estimate_memory(const flags& given, mesh_sizes_t sizes) {
@@ -674,9 +730,8 @@ memory_need estimate_memory(const flags& given, mesh_sizes_t sizes) {
   resolve_arch(f);  // llama: the kv heads and hidden width the model will have
   // Rank 0: the one that holds the most. The planner plans its blocks over tp and ep (the
   // model's shape for them: zest::gpt_shape, llama_shape) under ZeRO over dp, replicated
-  // over dp_rep.
-  const zest::mesh_shape<"dp_rep", "dp", "ep"> mesh(
-      std::array<int, 3>{sizes[0], sizes[1], sizes[2]});
+  // over node.
+  const zest::mesh_shape<"node", "dp", "ep"> mesh(std::array<int, 3>{sizes[0], sizes[1], sizes[2]});
   const auto tp_ranks = static_cast<std::size_t>(sizes[3]);
   const zest::training_precision& precision =
       f.precision == "fp32" ? zest::fp32_adam : zest::mixed_precision_adam;
@@ -696,8 +751,12 @@ memory_need estimate_memory(const flags& given, mesh_sizes_t sizes) {
     for (auto& p : shape.parameters) {
       if (p.name.find(".moe.experts.") != std::string::npos) std::swap(p.extents[0], p.extents[1]);
     }
+    if (!f.zeropp.empty()) {  // hpZ's secondary copies count with the states they copy
+      const zest::zero_plan p = zest::plan_zero<zeropp_stage>(shape, mesh, precision);
+      return static_cast<double>(p.memory.total() + p.secondary_bytes);
+    }
     return static_cast<double>(
-        zest::plan_zero<"dp", zest::split_first_dim, "dp_rep">(f.zero, shape, mesh, precision)
+        zest::plan_zero<"dp", zest::split_first_dim, "node">(f.zero, shape, mesh, precision)
             .memory.total());
   };
   const double one = plan_of(1), two = plan_of(2), three = plan_of(3);

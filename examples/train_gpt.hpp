@@ -44,22 +44,23 @@
 
 namespace train_gpt_example {
 
-// Replica groups "dp_rep" (--hsdp, 1 unless asked) times data-parallel ranks "dp" times
+// Nodes "node" (--hsdp or --nodes, 1 unless asked) times data-parallel ranks "dp" times
 // expert-parallel ranks "ep" (--ep, 1 unless --moe) times tensor-parallel ranks "tp" (--tp)
 // times Ulysses' sequence-parallel ranks "sp" (--sp), on a zest::mesh (--device cpu) or a
-// zest::cuda_mesh (--device cuda, "dp_rep" x "dp" x "ep" only): train<P> takes the mesh type
+// zest::cuda_mesh (--device cuda, "node" x "dp" x "ep" only): train<P> takes the mesh type
 // from the policy, and nothing else in it knows where the tensors live. ZeRO partitions over
-// dp and replicates over dp_rep (hybrid sharding: zero_stage<K, "dp">::replicated_over<
-// "dp_rep">; with one replica group, plain ZeRO over dp).
-// The batch is split over dp_rep, dp and ep; where the mesh has "sp" and "tp", the sequence is split
+// dp and replicates over node (hybrid sharding: zero_stage<K, "dp">::replicated_over<
+// "node">; with one node, plain ZeRO over dp). Under --zeropp it partitions over both
+// (ZeRO++: zeropp_stage below).
+// The batch is split over node, dp and ep; where the mesh has "sp" and "tp", the sequence is split
 // over them (tp nested inside sp), so the models run Ulysses' attention over sp and
 // Megatron's sequence parallelism between their tensor-parallel regions over tp
 // (zest/nn/tensor_parallel.hpp); an axis of one rank moves nothing.
 template <class Mesh>
 using token_layout = std::conditional_t<
     zest::has_tensor_axis<Mesh>,
-    zest::layout<zest::split<'b', "dp_rep", "dp", "ep">, zest::split<'t', "sp", "tp">>,
-    zest::layout<zest::split<'b', "dp_rep", "dp", "ep">>>;
+    zest::layout<zest::split<'b', "node", "dp", "ep">, zest::split<'t', "sp", "tp">>,
+    zest::layout<zest::split<'b', "node", "dp", "ep">>>;
 
 struct flags {
   int zero = 3;
@@ -97,6 +98,8 @@ struct flags {
   bool moe_dropless = false;    // --moe-dropless: every expert computes exactly its tokens
   double bias_update_rate = 0;  // balancing without an aux loss: the routing bias's step
   int hsdp = 1;                 // replica groups of the ZeRO shards (hybrid sharding)
+  std::string zeropp;           // --zeropp: "hpz,qwz,qgz" (ZeRO++), or empty
+  int nodes = 1;                // --zeropp: the nodes the data-parallel ranks make
   int ep = 0;                   // 0: as many as the experts and ranks allow
   int tp = 1;
   int sp = 1;
@@ -208,7 +211,7 @@ void print_header(const flags& f, const zest::text_dataset& data, std::size_t vo
 // `ranks_here` ranks on this machine. Throws std::invalid_argument naming the options.
 void check_run(const flags& f, int world, int ranks_here);
 
-// The mesh's sizes {dp_rep, dp, ep, tp, sp} for `world` ranks (--hsdp, --ep or its default,
+// The mesh's sizes {node, dp, ep, tp, sp} for `world` ranks (--hsdp, --ep or its default,
 // --tp, --sp).
 using mesh_sizes_t = std::array<int, 5>;
 mesh_sizes_t mesh_sizes(const flags& f, int world);
@@ -456,14 +459,32 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   return 0;
 }
 
+// --zeropp: ZeRO++ (DeepSpeed), its three parts as layout choices on ZeRO-3 over the ranks
+// of a node (dp) and the nodes: hpZ's secondary copy split within the node, so backward's
+// all-gathers stay inside it; qwZ's and qgZ's int8 wires (blocks of 256) for the weight
+// all-gathers and the gradients' reduce-scatter. The slow axis, node, goes last.
+using zeropp_stage = zest::zero_stage<3, "dp,node">::with_secondary_over<
+    "dp">::with_quantized_weights<256>::with_quantized_gradients<256>;
+// The one build of the model with it: fp32 GPT on the CPU mesh (a policy is a type, so each
+// precision, architecture and device would compile the model once more; check_run refuses
+// the others).
+template <class Mesh, class Param, class Arch>
+inline constexpr bool builds_zeropp =
+    std::is_same_v<Param, float>&& std::is_same_v<Arch, gpt_arch>&& Mesh::axis_count == 5;
+
 template <class Mesh, class Param, class Arch = gpt_arch>
 int train_with_precision(const flags& f, const Mesh& mesh, const zest::text_dataset& data) {
-  return zest::with_zero_stage<"dp", zest::split_first_dim, "dp_rep">(f.zero, [&](auto stage) {
+  if constexpr (builds_zeropp<Mesh, Param, Arch>) {
+    if (!f.zeropp.empty()) {
+      return train<zest::training_policy<Mesh, zeropp_stage, Param>, Arch>(f, mesh, data);
+    }
+  }
+  return zest::with_zero_stage<"dp", zest::split_first_dim, "node">(f.zero, [&](auto stage) {
     return train<zest::training_policy<Mesh, decltype(stage), Param>, Arch>(f, mesh, data);
   });
 }
 
-// The mesh over all ranks ("dp_rep" x "dp" x "ep" x "tp" x "sp" = sizes; a mesh of three
+// The mesh over all ranks ("node" x "dp" x "ep" x "tp" x "sp" = sizes; a mesh of three
 // axes takes the first three, tp and sp being 1) and the run of the model in the precision
 // asked for.
 template <class Mesh, class Arch, class... Precisions>
@@ -484,7 +505,7 @@ int train_on(const flags& f, const zest::text_dataset& data, mesh_sizes_t sizes)
 // of train_with_precision<cpu_mesh, ...>, declared extern in train_gpt.cpp), and those of
 // --arch llama in train_gpt_llama_fp32.cpp, ... (train_with_precision<cpu_mesh, ...,
 // llama_arch>).
-using cpu_mesh = zest::mesh<"dp_rep", "dp", "ep", "tp", "sp">;
+using cpu_mesh = zest::mesh<"node", "dp", "ep", "tp", "sp">;
 
 // --device cuda: defined in train_gpt_cuda.cu, compiled by nvcc when the build has CUDA.
 int train_on_cuda(const flags& f, const zest::text_dataset& data, mesh_sizes_t sizes);

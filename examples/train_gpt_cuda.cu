@@ -14,5 +14,5 @@ int train_gpt_example::train_on_cuda(const flags& f, const zest::text_dataset& d
     std::fprintf(stderr, "train_gpt: --device cuda: no usable GPU: %s\n", seen.why_none.c_str());
     return 77;
   }
-  return train_on<zest::cuda_mesh<"dp_rep", "dp", "ep">, gpt_arch>(f, data, sizes);
+  return train_on<zest::cuda_mesh<"node", "dp", "ep">, gpt_arch>(f, data, sizes);
 }

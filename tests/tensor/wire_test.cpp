@@ -83,7 +83,8 @@ std::uint64_t wire_bytes_of(const layout_value& from, const layout_value& to,
   return b;
 }
 
-TEST_CASE("int8 blocks, by hand: scales first, bytes padded to 4, non-finite blocks decode to NaN") {
+TEST_CASE(
+    "int8 blocks, by hand: scales first, bytes padded to 4, non-finite blocks decode to NaN") {
   CHECK(q16.bytes(0) == 0);
   CHECK(int8_blocks(4).bytes(6) == 2 * 4 + 8);
   CHECK(int8_blocks(256).bytes(1000) == 4 * 4 + 1000);
@@ -97,24 +98,26 @@ TEST_CASE("int8 blocks, by hand: scales first, bytes padded to 4, non-finite blo
   // Blocks of 4: {1, -2, 0.5, 127} has scale 1; {0, 3} scale 3/127.
   const std::vector<float> x{1, -2, 0.5F, 127, 0, 3};
   std::vector<std::uint8_t> wire(int8_blocks(4).bytes(x.size()), 0xAB);
-  for (std::size_t b = 0; b < 2; ++b) detail::encode_blocks_fn<float>{x.data(), 6, 4, wire.data()}(b);
+  for (std::size_t b = 0; b < 2; ++b)
+    detail::encode_blocks_fn<float>{x.data(), 6, 4, wire.data()}(b);
   float s0 = 0, s1 = 0;
   std::memcpy(&s0, wire.data(), 4);
   std::memcpy(&s1, wire.data() + 4, 4);
   CHECK(s0 == 1.0F);
   CHECK(s1 == 3.0F / 127.0F);
   const std::vector<std::int8_t> q{1, -2, 1, 127, 0, 127};
-  for (std::size_t i = 0; i < q.size(); ++i)
-    CHECK(static_cast<std::int8_t>(wire[8 + i]) == q[i]);
+  for (std::size_t i = 0; i < q.size(); ++i) CHECK(static_cast<std::int8_t>(wire[8 + i]) == q[i]);
   std::vector<float> back(6);
   for (std::size_t i = 0; i < 6; ++i) detail::decode_fn<float>{wire.data(), 6, 4, back.data()}(i);
   CHECK(back == std::vector<float>{1, -2, 1, 127, 0, 3.0F / 127.0F * 127.0F});
 
   // A block with NaN or an infinity: NaN throughout; the other block unharmed.
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     const std::vector<float> y{1, bad, 2, 3, 4, 5};
     std::vector<std::uint8_t> w(int8_blocks(4).bytes(6));
-    for (std::size_t b = 0; b < 2; ++b) detail::encode_blocks_fn<float>{y.data(), 6, 4, w.data()}(b);
+    for (std::size_t b = 0; b < 2; ++b)
+      detail::encode_blocks_fn<float>{y.data(), 6, 4, w.data()}(b);
     for (std::size_t i = 0; i < 6; ++i) detail::decode_fn<float>{w.data(), 6, 4, back.data()}(i);
     for (std::size_t i = 0; i < 4; ++i) CHECK(std::isnan(back[i]));
     CHECK(back[4] == 102.0F * (5.0F / 127.0F));  // round(4 * 127 / 5) = 102
@@ -160,8 +163,8 @@ TEST_CASE("a quantized all-gather: every rank's blocks decoded, within half a qu
                                      wire_bytes_of<"hm">(hm_from, full, g_hm, m, q16) +
                                      wire_bytes_of<"h">(h_from, full, g_h, m, q16);
     CHECK(dp.bytes_sent() == wire_bytes);
-    CHECK(dp.bytes_sent() == (n - 1) * (q16.bytes(mh.size()) + q16.bytes(hm.size()) +
-                                        q16.bytes(h.size())));
+    CHECK(dp.bytes_sent() ==
+          (n - 1) * (q16.bytes(mh.size()) + q16.bytes(hm.size()) + q16.bytes(h.size())));
     // About a quarter of fp32's bytes: 1 + 4/16 bytes per element and the padding.
     if (n > 1) {
       const double fp32 = 4.0 * static_cast<double>((n - 1) * (mh.size() + hm.size() + h.size()));
@@ -248,9 +251,9 @@ TEST_CASE("a quantized reduce-scatter: an int8 all-to-all, the parts decoded and
           std::array<std::size_t, rank> idx{};
           idx[0] = rows.offset + e / row;
           if constexpr (rank == 2) idx[1] = e % row;
-          const double x = value_at(idx, salt) / static_cast<double>(n) +
-                           (static_cast<double>(r) - 0.5 * static_cast<double>(n - 1)) *
-                               spread_at(idx);
+          const double x =
+              value_at(idx, salt) / static_cast<double>(n) +
+              (static_cast<double>(r) - 0.5 * static_cast<double>(n - 1)) * spread_at(idx);
           part[e] = static_cast<float>(x);
           exact[e] += part[e];
         }

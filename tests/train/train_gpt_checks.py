@@ -24,7 +24,7 @@
       master weights, Adam moments) to 1e-5 relative (absolute below 1); the loss decreases;
       the log names the model (--arch and its config). An entry N/tpK/spJ/hsdpH of --ranks
       runs N ranks with --tp K, --sp J and --hsdp H (any may be left out; the data axis
-      takes the rest); the log's mesh must say so (hsdp H: dp_rep=H). Every run's peak bytes stay within the memory estimated
+      takes the rest); the log's mesh must say so (hsdp H: node=H). Every run's peak bytes stay within the memory estimated
       before it, and the activations estimated per rank are less than the 1-rank run's
       and at least 1/N of them.
   train_gpt_checks.py recompute --dir D -- PREFIX...
@@ -32,6 +32,11 @@
       losses and every checkpoint tensor bit for bit, the same bytes sent per step, a lower
       peak under selective than none and under full than selective, as the memory estimated
       before each run says, and each peak within that estimate; the log names the mode.
+  train_gpt_checks.py zeropp --dir D -- PREFIX...
+      PREFIX --zero 3 and PREFIX --zeropp hpz,qwz,qgz --nodes 2, 300 steps each: the
+      ZeRO++ run's final loss (the last 10 steps' mean) within 2 % of ZeRO-3's, under a
+      third of its bytes sent per step; the log names the parts; each peak within the
+      memory estimated before the run.
   train_gpt_checks.py trains --dir D -- COMMAND...
       COMMAND (a run with --steps) trains: its applied steps' losses are finite and the last
       ones lower than the first ones.
@@ -320,7 +325,7 @@ def estimate_holds(what, j):
 
 
 # The mesh axis of each --ranks option: --tp, --sp, --hsdp (the replica groups, "dp_rep").
-MESH_AXIS = {"tp": "tp", "sp": "sp", "hsdp": "dp_rep"}
+MESH_AXIS = {"tp": "tp", "sp": "sp", "hsdp": "node"}
 
 
 def cmd_ranks(a):
@@ -406,6 +411,31 @@ def cmd_recompute(a):
           % (len(ref_ckpt), peaks))
 
 
+def cmd_zeropp(a):
+    fresh(a.dir)
+    runs = {}
+    for name, extra in (("zero3", ["--zero", "3"]),
+                        ("zeropp", ["--zeropp", "hpz,qwz,qgz", "--nodes", "2"])):
+        log = os.path.join(a.dir, name + ".json")
+        run(a.run + ["--steps", "300", "--log", log] + extra)
+        j = read_log(log)
+        estimate_holds(name, j)
+        runs[name] = j
+    if runs["zeropp"]["run"].get("zeropp") != "hpz,qwz,qgz":
+        fail("the log of --zeropp says %r" % runs["zeropp"]["run"].get("zeropp"))
+    tail = {n: sum(s["loss"] for s in j["steps"][-10:]) / 10 for n, j in runs.items()}
+    sent = {n: j["steps"][-1]["bytes_sent"] for n, j in runs.items()}
+    if abs(tail["zeropp"] - tail["zero3"]) > 0.02 * tail["zero3"]:
+        fail("final loss: ZeRO++ %.4f, ZeRO-3 %.4f (more than 2 %% apart)"
+             % (tail["zeropp"], tail["zero3"]))
+    if not sent["zeropp"] < sent["zero3"] / 3:
+        fail("bytes sent per step: ZeRO++ %r, ZeRO-3 %r (expected under a third)"
+             % (sent["zeropp"], sent["zero3"]))
+    print("300 steps: final loss ZeRO++ %.4f, ZeRO-3 %.4f; bytes per step %d, %d (%.3f)"
+          % (tail["zeropp"], tail["zero3"], sent["zeropp"], sent["zero3"],
+             sent["zeropp"] / sent["zero3"]))
+
+
 def cmd_trains(a):
     fresh(a.dir)
     log = os.path.join(a.dir, "run.json")
@@ -429,7 +459,7 @@ def main():
     r.add_argument("--expect", required=True)
     r.add_argument("--max-seconds", type=float, default=10)
     r.add_argument("command", nargs=argparse.REMAINDER)
-    for name in ("fp16-skip", "diverge", "steps0", "trains", "recompute"):
+    for name in ("fp16-skip", "diverge", "steps0", "trains", "recompute", "zeropp"):
         s = sub.add_parser(name)
         s.add_argument("--dir", required=True)
         s.add_argument("run", nargs=argparse.REMAINDER)
@@ -449,7 +479,7 @@ def main():
             setattr(a, k, getattr(a, k)[1:])
     {"refuse": cmd_refuse, "fp16-skip": cmd_fp16_skip, "diverge": cmd_diverge,
      "steps0": cmd_steps0, "resume": cmd_resume, "ranks": cmd_ranks,
-     "trains": cmd_trains, "recompute": cmd_recompute}[a.mode](a)
+     "trains": cmd_trains, "recompute": cmd_recompute, "zeropp": cmd_zeropp}[a.mode](a)
 
 
 if __name__ == "__main__":

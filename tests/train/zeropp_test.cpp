@@ -39,17 +39,19 @@ using qgz_stage = exact_stage::with_quantized_gradients<block>;
 using both_stage = qwz_stage::with_quantized_gradients<block>;
 using all_stage = both_stage::with_secondary_over<"dp">;  // hpZ, qwZ and qgZ
 // The same with the default blocks, 256 elements (what a user writes).
-using zeropp_stage = exact_stage::with_secondary_over<"dp">::with_quantized_weights<>::
-    with_quantized_gradients<>;
+using zeropp_stage =
+    exact_stage::with_secondary_over<"dp">::with_quantized_weights<>::with_quantized_gradients<>;
 static_assert(zeropp_stage::gather_wire == int8_blocks(256));
 template <class Stage>
 using policy = training_policy<node_mesh, Stage, float>;
 
-static_assert(qwz_stage::gather_wire == int8_blocks(block) && qwz_stage::gradient_wire == exact_wire);
+static_assert(qwz_stage::gather_wire == int8_blocks(block) &&
+              qwz_stage::gradient_wire == exact_wire);
 static_assert(both_stage::layouts<node_mesh, "mh">.gradient_wire == int8_blocks(block));
 static_assert(std::is_same_v<all_stage::stored_layout<"mh">, exact_stage::stored_layout<"mh">>);
-static_assert(zero_stage<2>::with_quantized_gradients<64>::layouts<mesh<"dp">, "mh">.gradient_wire ==
-              int8_blocks(64));
+static_assert(
+    zero_stage<2>::with_quantized_gradients<64>::layouts<mesh<"dp">, "mh">.gradient_wire ==
+    int8_blocks(64));
 
 std::vector<std::array<int, 2>> shapes() {
   int n = 1;
@@ -129,7 +131,8 @@ std::vector<double> train_run(const node_mesh& mesh, std::int64_t steps) {
 TEST_CASE("qwZ, qgZ and hpZ: a 300-step run's final loss within 2 % of the exact run's") {
   int n = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  const node_mesh mesh(MPI_COMM_WORLD, n == 4 ? std::array<int, 2>{2, 2} : std::array<int, 2>{1, n});
+  const node_mesh mesh(MPI_COMM_WORLD,
+                       n == 4 ? std::array<int, 2>{2, 2} : std::array<int, 2>{1, n});
   INFO(mesh.describe());
   constexpr std::int64_t steps = 300;
   const auto exact = train_run<exact_stage>(mesh, steps);
@@ -138,8 +141,8 @@ TEST_CASE("qwZ, qgZ and hpZ: a 300-step run's final loss within 2 % of the exact
   const auto tail = [](const std::vector<double>& l) {
     return std::accumulate(l.end() - 10, l.end(), 0.0) / 10.0;
   };
-  INFO("exact " << tail(exact) << ", quantized " << tail(quantized) << " (first "
-                << exact.front() << ")");
+  INFO("exact " << tail(exact) << ", quantized " << tail(quantized) << " (first " << exact.front()
+                << ")");
   CHECK(std::abs(tail(quantized) - tail(exact)) <= 0.02 * tail(exact));
   CHECK(tail(exact) < 0.8 * exact.front());  // the runs learned something
   // Not the exact run: the wire did quantize (on more than one rank per axis).

@@ -47,8 +47,7 @@ struct wire_format {
   }
   // The collective the communicators see for a step of kind k.
   constexpr collective collective_for(step_kind k) const {
-    return carries(k) && k == step_kind::reduce_scatter ? collective::all_to_all
-                                                        : collective_of(k);
+    return carries(k) && k == step_kind::reduce_scatter ? collective::all_to_all : collective_of(k);
   }
   constexpr bool operator==(const wire_format&) const = default;
 };
@@ -69,7 +68,8 @@ constexpr std::uint64_t step_wire_bytes(const transition_step& s, const layout_v
   const auto n = static_cast<std::size_t>(sh.sizes[s.axis]);
   const auto me = static_cast<std::size_t>(c[s.axis]);
   const std::size_t mine = held_elements(v, sh, c);
-  if (s.kind == step_kind::all_gather) return static_cast<std::uint64_t>((n - 1) * wire.bytes(mine));
+  if (s.kind == step_kind::all_gather)
+    return static_cast<std::uint64_t>((n - 1) * wire.bytes(mine));
   // reduce_scatter: part r of my block (rank r's block of the dim) to each rank r but me.
   const std::size_t extent = dim_range(v, s.dim, extent_of(sh, s.dim), sh.sizes, c).size;
   if (extent == 0) return 0;

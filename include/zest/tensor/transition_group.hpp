@@ -516,9 +516,8 @@ class coalesced_step {
     for (std::size_t k = 0; k < m; ++k) {
       const std::size_t count = per_[k].recv[me_];
       if (count != 0) {
-        Backend::for_each(count,
-                          decode_sum_fn<T>{wire_recv_.data() + wire_at, stride, n_, count,
-                                           wire_.block, recv_ptr_ + per_[k].recv_at[me_]});
+        Backend::for_each(count, decode_sum_fn<T>{wire_recv_.data() + wire_at, stride, n_, count,
+                                                  wire_.block, recv_ptr_ + per_[k].recv_at[me_]});
       }
       wire_at += wire_.bytes(count);
     }

@@ -552,8 +552,8 @@ class zero_engine {
     red->group = g;
     red->first = first;
     red->last = last;
-    red->move = std::make_unique<typename slot::template mover<grad_type>>(*mesh_,
-                                                                          P::stage::gradient_wire);
+    red->move =
+        std::make_unique<typename slot::template mover<grad_type>>(*mesh_, P::stage::gradient_wire);
     for (std::size_t i = first; i < last; ++i) gr.params[i]->add_gradient_reduction(*red->move);
     red->move->start();
     pending_.push_back(std::move(red));

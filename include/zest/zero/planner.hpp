@@ -183,6 +183,9 @@ struct zero_plan {
   std::uint64_t data_parallel_size = 1;  // ranks the states are partitioned over (N)
   std::uint64_t replica_size = 1;        // ranks of the replica axes (HSDP's R)
   model_state_bytes memory{};
+  // hpZ's secondary copies (with_secondary_over): not a model state, but held from each
+  // group's forward to its backward, so all of them at the end of forward.
+  std::uint64_t secondary_bytes = 0;
   std::array<phase_traffic, zero_phases.size()> traffic{};  // indexed by zero_phase
 
   const phase_traffic& of(zero_phase p) const { return traffic[static_cast<std::size_t>(p)]; }
@@ -244,6 +247,10 @@ struct zero_plan {
         << format_decimal_bytes(p.memory.master) << ", Adam state "
         << format_decimal_bytes(p.memory.optimizer_state) << "), total "
         << format_decimal_bytes(p.memory.total()) << '\n';
+    if (p.secondary_bytes != 0) {
+      out << "  hpZ copies    " << format_decimal_bytes(p.secondary_bytes)
+          << " from forward to backward\n";
+    }
     for (auto phase : zero_phases) {
       const auto& t = p.of(phase);
       std::string line = "  " + std::string(name_of(phase));
@@ -336,6 +343,8 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
   plan.memory.gradients += held(layouts.gradient_buffer) * pr.gradient_bytes;
   plan.memory.master += held(layouts.master) * pr.master_bytes;
   plan.memory.optimizer_state += held(layouts.optimizer_state) * pr.optimizer_state_bytes;
+  if (layouts.secondary.axis_count != 0)
+    plan.secondary_bytes += held(layouts.secondary) * pr.parameter_bytes;
 
   const transition_shape shape = zero_transition_shape(dims, global, mesh.sizes(), replica_mask);
   mesh_coords here{};
@@ -483,9 +492,9 @@ struct zeropp_formula_values {
   double gradient_bytes = 0;
   constexpr double total() const { return gather_bytes + gradient_bytes; }
 };
-constexpr zeropp_formula_values zeropp_formula(double psi, double n, std::uint32_t weight_block,
-                                               std::uint32_t gradient_block,
-                                               const training_precision& pr = mixed_precision_adam) {
+constexpr zeropp_formula_values zeropp_formula(
+    double psi, double n, std::uint32_t weight_block, std::uint32_t gradient_block,
+    const training_precision& pr = mixed_precision_adam) {
   const auto per_element = [](std::uint32_t block, std::size_t exact) {
     return block == 0 ? static_cast<double>(exact) : 1.0 + 4.0 / static_cast<double>(block);
   };

@@ -52,6 +52,15 @@
 // all-gathers stay within dp. Per step and rank, with N the shard axes' ranks and R the
 // replica axes': the shard axes carry zero_formula's elements for N, the replica axes
 // 2 Psi/N (R-1)/R (hsdp_formula in zest/zero/planner.hpp).
+//
+// ZeRO++ (stage 3) is three more choices of the same kind:
+//   ::with_secondary_over<"gpu">     hpZ: a secondary layout split inside the node, from which
+//                                    backward gathers (zero_layouts::secondary)
+//   ::with_quantized_weights<B>      qwZ: the weight all-gathers on an int8 wire, one fp32
+//                                    scale per B elements (zero_layouts::gather_wire)
+//   ::with_quantized_gradients<B>    qgZ (stages 1-3): the gradients' reduce-scatter on it,
+//                                    as an all-to-all summed in fp32 (gradient_wire)
+// (zest/layout/wire.hpp; zeropp_formula in zest/zero/planner.hpp).
 #pragma once
 
 #include <array>
