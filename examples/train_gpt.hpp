@@ -463,18 +463,22 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
 // of a node (dp) and the nodes: hpZ's secondary copy split within the node, so backward's
 // all-gathers stay inside it; qwZ's and qgZ's int8 wires (blocks of 256) for the weight
 // all-gathers and the gradients' reduce-scatter. The slow axis, node, goes last.
-using zeropp_stage = zest::zero_stage<3, "dp,node">::with_secondary_over<
-    "dp">::with_quantized_weights<256>::with_quantized_gradients<256>;
+// Spelt out: nvcc's host-code generator loses the axis names' literals through the alias
+// members (docs/design-notes.md, "Compiler notes"); it is
+// zero_stage<3, "dp,node">::with_secondary_over<"dp">::with_quantized_weights<256>::
+// with_quantized_gradients<256>.
+using zeropp_stage = zest::zero_stage<3, "dp,node", zest::split_first_dim, "", "dp", 256, 256>;
 // The one build of the model with it: fp32 GPT on the CPU mesh (a policy is a type, so each
 // precision, architecture and device would compile the model once more; check_run refuses
 // the others).
 template <class Mesh, class Param, class Arch>
-inline constexpr bool builds_zeropp =
-    std::is_same_v<Param, float>&& std::is_same_v<Arch, gpt_arch>&& Mesh::axis_count == 5;
+constexpr bool builds_zeropp() {
+  return Mesh::axis_count == 5 && std::is_same_v<Param, float> && std::is_same_v<Arch, gpt_arch>;
+}
 
 template <class Mesh, class Param, class Arch = gpt_arch>
 int train_with_precision(const flags& f, const Mesh& mesh, const zest::text_dataset& data) {
-  if constexpr (builds_zeropp<Mesh, Param, Arch>) {
+  if constexpr (builds_zeropp<Mesh, Param, Arch>()) {
     if (!f.zeropp.empty()) {
       return train<zest::training_policy<Mesh, zeropp_stage, Param>, Arch>(f, mesh, data);
     }

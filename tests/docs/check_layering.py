@@ -7,6 +7,7 @@ layout, the tensor never includes autodiff, autodiff never includes nn, zero or 
 the order in which the architecture is read (core -> layout -> tensor -> einsum -> autodiff ->
 nn/zero/moe) is the order of the includes. A new area gets a level here; an include that
 points up (or into an area with no level) fails, naming the file, the line and both levels.
+docs/design-notes.md states the levels in one line, which this check writes and looks for.
 
     python3 check_layering.py <repository root>
 """
@@ -70,13 +71,28 @@ def main(root):
                 problems.append(f"include/zest/{rel}:{number}: {src} (level {LEVELS[src]}) "
                                 f"includes zest/{m.group(1)} ({dst}, level {LEVELS[dst]}): "
                                 f"an arrow pointing up or sideways")
+    # docs/design-notes.md states the same order, in one line written from LEVELS.
+    stated = order_line()
+    notes = pathlib.Path(root) / "docs" / "design-notes.md"
+    if stated not in notes.read_text():
+        problems.append(f"docs/design-notes.md does not state the levels of {__file__} "
+                        f"as the line:\n{stated}")
     for p in problems:
         print(p)
     if problems:
-        print(f"{len(problems)} include(s) against the layering")
+        print(f"{len(problems)} problem(s) with the layering")
         return 1
     print(f"layering holds: {len(LEVELS)} areas")
     return 0
+
+
+def order_line():
+    """The levels, lowest first; areas of one level in alphabetical order, by a comma."""
+    by_level = {}
+    for name, level in LEVELS.items():
+        by_level.setdefault(level, []).append(name)
+    return "Levels, lowest first: " + " -> ".join(
+        ", ".join(sorted(by_level[k])) for k in sorted(by_level)) + "."
 
 
 if __name__ == "__main__":

@@ -250,8 +250,7 @@ variable<std::remove_cvref_t<X>> tape::constant(X&& value) {
 // Diagnostics.
 
 namespace autodiff_error {
-template <class...>
-inline constexpr bool always_false = false;
+using zest::detail::always_false;
 // Instantiated with the operation's name and the offending tensor type (shown above the
 // message).
 template <fixed_string Operation, class Tensor>

@@ -47,6 +47,12 @@ class checkpoint_error : public std::runtime_error {
 };
 
 namespace detail {
+// The condition of a static_assert that fires only where its template is instantiated: false
+// for any types (dependent on them, so an error class that is never used compiles). The one
+// definition; each area's error namespace names it with a using-declaration.
+template <class...>
+inline constexpr bool always_false = false;
+
 // The pieces written out, by their decayed types: one instantiation per sequence of types,
 // whatever the lengths of the string literals among them.
 template <class... Parts>

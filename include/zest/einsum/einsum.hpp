@@ -33,8 +33,7 @@
 namespace zest {
 
 namespace einsum_error {
-template <class...>
-inline constexpr bool always_false = false;
+using detail::always_false;
 // Instantiated with the operand's index and dims, so that both show on the line above the
 // message.
 template <fixed_string Spec, std::size_t Operand, fixed_string OperandDims>

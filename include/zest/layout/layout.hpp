@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "zest/config.hpp"
+#include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/placement.hpp"
 
@@ -185,8 +186,7 @@ enum class layout_problem : std::uint8_t {
 };
 
 namespace layout_error {
-template <class>
-inline constexpr bool always_false = false;
+using detail::always_false;
 
 // Each template is instantiated with the offending placement and the mesh, so the compiler's
 // "In instantiation of" line right above the message shows both.
@@ -247,6 +247,12 @@ constexpr std::size_t find_axis(const Names& names, std::string_view axis) {
     if (names[i] == axis) return i;
   }
   return N;
+}
+// The index of the mesh axis named `axis`, Mesh::axis_count if none: the one lookup by name
+// (mesh::axis_index<"dp">() is the typed form that refuses a missing axis).
+template <class Mesh>
+constexpr std::size_t axis_index_of(std::string_view axis) {
+  return find_axis<Mesh::axis_count>(Mesh::axis_names, axis);
 }
 
 // Adds one placement to a layout under construction; returns false with the problem set.

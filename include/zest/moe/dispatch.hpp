@@ -70,8 +70,7 @@ namespace zest::moe {
 // Diagnostics: each is instantiated with what is at fault, shown above the message.
 
 namespace dispatch_error {
-template <class...>
-inline constexpr bool always_false = false;
+using zest::detail::always_false;
 
 template <fixed_string Operation, class Tensor, fixed_string Expected>
 struct wrong_dims {
@@ -118,13 +117,7 @@ struct expert_axis_busy {
 
 namespace detail {
 
-template <class Mesh>
-constexpr std::size_t axis_named(std::string_view name) {
-  for (std::size_t a = 0; a < Mesh::axis_count; ++a) {
-    if (Mesh::axis_names[a] == name) return a;
-  }
-  return Mesh::axis_count;
-}
+using zest::detail::axis_index_of;
 
 // "egcm" on the experts' side: the expert axis stops splitting g (the axes nested inside it
 // move up one level) and splits e instead.
@@ -217,7 +210,7 @@ auto redistribute_variable(const autodiff::variable<X>& x) {
 template <fixed_string ExpertAxis, sharded_tensor D>
 struct expert_layout_of {
   using mesh_type = typename D::mesh_type;
-  static constexpr std::size_t axis = detail::axis_named<mesh_type>(view_of<ExpertAxis>);
+  static constexpr std::size_t axis = detail::axis_index_of<mesh_type>(view_of<ExpertAxis>);
   static constexpr layout_value layout =
       axis < mesh_type::axis_count ? detail::expert_side(D::layout, axis) : D::layout;
   using type = basic_tensor<typename D::value_type, mesh_type, D::dims, layout>;

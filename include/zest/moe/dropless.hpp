@@ -120,7 +120,7 @@ struct expert_gradient {
 
 template <fixed_string ExpertAxis, class X>
 constexpr bool dropless_tokens_ok() {
-  constexpr std::size_t axis = axis_named<typename X::mesh_type>(view_of<ExpertAxis>);
+  constexpr std::size_t axis = axis_index_of<typename X::mesh_type>(view_of<ExpertAxis>);
   constexpr layout_value v = X::layout;
   if (v.any_partial() || v.split_count('s') != 0 || v.split_count('m') != 0) return false;
   return v.is_replicate(axis) ||
@@ -134,7 +134,7 @@ constexpr bool check_expert_weight() {
     return false;
   } else if constexpr (W::layout !=
                        expert_only(W::mesh_type::axis_count,
-                                   axis_named<typename W::mesh_type>(view_of<ExpertAxis>))) {
+                                   axis_index_of<typename W::mesh_type>(view_of<ExpertAxis>))) {
     (void)dispatch_error::dropless_weight_layout<ExpertAxis, W>{};
     return false;
   } else {
@@ -225,7 +225,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   using Mesh = typename X::mesh_type;
   using T = typename X::value_type;
   using B = typename X::backend_type;
-  constexpr std::size_t axis = axis_named<Mesh>(view_of<ExpertAxis>);
+  constexpr std::size_t axis = axis_index_of<Mesh>(view_of<ExpertAxis>);
   constexpr layout_value at_gsk = autodiff::detail::splits_of(X::layout, "gsk");
   using w_grad_t = typename autodiff::detail::relayout<Wt, autodiff::dual(at_gsk)>::type;
   constexpr bool moved = Wt::layout != at_gsk;
@@ -532,7 +532,7 @@ auto dropless_experts(const autodiff::variable<X>& x, const autodiff::variable<W
                       const autodiff::variable<W1>& w_in, const autodiff::variable<B1>& b_in,
                       const autodiff::variable<W2>& w_out, const autodiff::variable<B2>& b_out,
                       all_to_all_volume* volume = nullptr) {
-  constexpr std::size_t axis = detail::axis_named<typename X::mesh_type>(view_of<ExpertAxis>);
+  constexpr std::size_t axis = detail::axis_index_of<typename X::mesh_type>(view_of<ExpertAxis>);
   if constexpr (!autodiff::detail::check_real_operand<"dropless_experts", X>() ||
                 !detail::check_dims<"dropless_experts", X, "gsm">()) {
     return 0;
@@ -568,7 +568,7 @@ auto dropless_experts(const autodiff::variable<X>& x, const autodiff::variable<W
                       const I& expert_index, const I& slot_index,
                       const autodiff::variable<W1>& w_in, const autodiff::variable<W2>& w_out,
                       all_to_all_volume* volume = nullptr) {
-  constexpr std::size_t axis = detail::axis_named<typename X::mesh_type>(view_of<ExpertAxis>);
+  constexpr std::size_t axis = detail::axis_index_of<typename X::mesh_type>(view_of<ExpertAxis>);
   if constexpr (!autodiff::detail::check_real_operand<"dropless_experts", X>() ||
                 !detail::check_dims<"dropless_experts", X, "gsm">()) {
     return 0;

@@ -77,14 +77,12 @@
 namespace zest::moe {
 
 namespace layer_error {
-template <std::size_t...>
-inline constexpr bool always_false = false;
-template <class...>
-inline constexpr bool never = false;
+using zest::detail::always_false;
 // Instantiated with E and the expert axis size, shown above the message.
 template <std::size_t Experts, std::size_t ExpertAxisSize>
 struct experts_not_divisible {
-  static_assert(always_false<Experts, ExpertAxisSize>,
+  static_assert(always_false<std::integral_constant<std::size_t, Experts>,
+                             std::integral_constant<std::size_t, ExpertAxisSize>>,
                 "zest moe_layer: the number of experts is not divisible by the expert axis size "
                 "(experts_not_divisible<E, size> above); each rank of the expert axis holds E / "
                 "size experts. Fix: make E a multiple of the expert axis size.");
@@ -92,13 +90,13 @@ struct experts_not_divisible {
 template <class Mesh, fixed_string ExpertAxis>
 struct no_expert_axis {
   static_assert(
-      never<Mesh>,
+      always_false<Mesh>,
       "zest moe_layer: the mesh has no axis named like ExpertAxis (both shown above). "
       "Fix: moe_layer<P, \"ep\"> with one of the mesh's axes, e.g. mesh<\"dp\", \"ep\">.");
 };
 template <class Mesh, fixed_string ExpertAxis>
 struct expert_axis_is_data_axis {
-  static_assert(never<Mesh>,
+  static_assert(always_false<Mesh>,
                 "zest moe_layer: the expert axis is one of the ZeRO stage's data axes (shown "
                 "above); experts are split over their own axis, and ZeRO partitions them over "
                 "the data axes. Fix: a mesh with a separate expert axis, e.g. "
@@ -110,7 +108,7 @@ namespace detail {
 template <class Mesh, fixed_string ExpertAxis, unsigned DataMask, std::size_t Experts,
           std::size_t ExpertAxisSize>
 constexpr bool check_layer() {
-  constexpr std::size_t axis = axis_named<Mesh>(view_of<ExpertAxis>);
+  constexpr std::size_t axis = axis_index_of<Mesh>(view_of<ExpertAxis>);
   if constexpr (axis == Mesh::axis_count) {
     (void)layer_error::no_expert_axis<Mesh, ExpertAxis>{};
     return false;
@@ -151,7 +149,7 @@ template <training_policy_type P, fixed_string ExpertAxis = "ep", std::size_t Ex
 class moe_layer {
   using mesh_t = typename P::mesh_type;
   static_assert(detail::check_layer<mesh_t, ExpertAxis, P::data_mask, Experts, ExpertAxisSize>());
-  static constexpr std::size_t expert_axis = detail::axis_named<mesh_t>(view_of<ExpertAxis>);
+  static constexpr std::size_t expert_axis = detail::axis_index_of<mesh_t>(view_of<ExpertAxis>);
   using expert_base = layout<split<'e', ExpertAxis>>;
   static constexpr layout_value scalar_layout = detail::pending_everywhere(mesh_t::axis_count);
 

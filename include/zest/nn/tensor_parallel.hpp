@@ -41,7 +41,6 @@
 #include "zest/layout/layout.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/tensor/tensor.hpp"
-#include "zest/zero/stage.hpp"
 
 namespace zest {
 

@@ -315,9 +315,8 @@ template <class Mesh, class Names>
 std::uint64_t axes_size(const Mesh& mesh, const Names& axes) {
   std::uint64_t n = 1;
   for (std::string_view axis : axes) {
-    for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a) {
-      if (Mesh::axis_names[a] == axis) n *= static_cast<std::uint64_t>(mesh.size(a));
-    }
+    const std::size_t a = axis_index_of<Mesh>(axis);
+    if (a < Mesh::axis_names.size()) n *= static_cast<std::uint64_t>(mesh.size(a));
   }
   return n;
 }

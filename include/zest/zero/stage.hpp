@@ -190,14 +190,6 @@ constexpr layout_value dual_of_use(layout_value v, unsigned mask) {
   return v;
 }
 
-template <class Mesh>
-constexpr std::size_t axis_index_of(std::string_view axis) {
-  for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a) {
-    if (Mesh::axis_names[a] == axis) return a;
-  }
-  return Mesh::axis_names.size();
-}
-
 // A list of mesh axis names: one name, or several separated by commas ("gpu,node"); "" is
 // the empty list.
 constexpr std::size_t axis_list_size(std::string_view s) {
@@ -306,8 +298,7 @@ static_assert(max_axes == 6, "zest: split_over and partial_over list max_axes na
 }  // namespace detail
 
 namespace zero_error {
-template <class>
-inline constexpr bool always_false = false;
+using detail::always_false;
 
 template <class Stage, class Mesh>
 struct no_data_axis {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "zest/autodiff/ops.hpp"
+#include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -28,8 +29,7 @@ namespace zest::moe {
 // the compiler prints on the line above the message.
 
 namespace moe_error {
-template <class...>
-inline constexpr bool always_false = false;
+using zest::detail::always_false;
 template <fixed_string Operation, class Logits>
 struct logits_dims {
   static_assert(always_false<Logits>,
