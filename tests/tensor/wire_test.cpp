@@ -88,15 +88,22 @@ TEST_CASE(
   CHECK(q16.bytes(0) == 0);
   CHECK(int8_blocks(4).bytes(6) == 2 * 4 + 8);
   CHECK(int8_blocks(256).bytes(1000) == 4 * 4 + 1000);
-  CHECK(q16.carries(step_kind::all_gather));
-  CHECK(q16.carries(step_kind::reduce_scatter));
-  CHECK_FALSE(q16.carries(step_kind::all_reduce));
-  CHECK_FALSE(q16.carries(step_kind::all_to_all));
-  CHECK_FALSE(exact_wire.carries(step_kind::all_gather));
-  CHECK(q16.collective_for(step_kind::reduce_scatter) == collective::all_to_all);
+  CHECK(q16.carries(step_kind::all_gather, 2));
+  CHECK(q16.carries(step_kind::reduce_scatter, 2));
+  CHECK_FALSE(q16.carries(step_kind::all_reduce, 2));
+  CHECK_FALSE(q16.carries(step_kind::all_to_all, 2));
+  CHECK_FALSE(q16.carries(step_kind::all_gather, 1));  // over one rank: exact
+  CHECK_FALSE(exact_wire.carries(step_kind::all_gather, 2));
+  CHECK(int8_all_gathers(16).carries(step_kind::all_gather, 2));
+  CHECK_FALSE(int8_all_gathers(16).carries(step_kind::reduce_scatter, 2));
+  CHECK(int8_reduce_scatters(16).carries(step_kind::reduce_scatter, 2));
+  CHECK_FALSE(int8_reduce_scatters(16).carries(step_kind::all_gather, 2));
+  CHECK(int8_all_gathers(0) == exact_wire);
+  CHECK(q16.collective_for(step_kind::reduce_scatter, 2) == collective::all_to_all);
+  CHECK(q16.collective_for(step_kind::reduce_scatter, 1) == collective::reduce_scatter);
 
-  // Blocks of 4: {1, -2, 0.5, 127} has scale 1; {0, 3} scale 3/127.
-  const std::vector<float> x{1, -2, 0.5F, 127, 0, 3};
+  // Blocks of 4: {1, -2, 0.75, 127} has scale 1; {0, 3} scale 3/127.
+  const std::vector<float> x{1, -2, 0.75F, 127, 0, 3};
   std::vector<std::uint8_t> wire(int8_blocks(4).bytes(x.size()), 0xAB);
   for (std::size_t b = 0; b < 2; ++b)
     detail::encode_blocks_fn<float>{x.data(), 6, 4, wire.data()}(b);
@@ -123,6 +130,22 @@ TEST_CASE(
     CHECK(back[4] == 102.0F * (5.0F / 127.0F));  // round(4 * 127 / 5) = 102
     CHECK(back[5] == 127.0F * (5.0F / 127.0F));
   }
+
+  // A block of tiny values (a denormal scale: 127 / largest would overflow): each value
+  // within half a quantum, none NaN; and an all-zero block.
+  const std::vector<float> tiny{1e-38F, 0, -5e-39F, 1e-45F, 0, 0, 0, 0};
+  std::vector<std::uint8_t> t(int8_blocks(4).bytes(8));
+  for (std::size_t b = 0; b < 2; ++b)
+    detail::encode_blocks_fn<float>{tiny.data(), 8, 4, t.data()}(b);
+  std::vector<float> tiny_back(8);
+  for (std::size_t i = 0; i < 8; ++i) detail::decode_fn<float>{t.data(), 8, 4, tiny_back.data()}(i);
+  for (std::size_t i = 0; i < 8; ++i) {
+    INFO("element " << i << ": " << tiny_back[i] << " for " << tiny[i]);
+    CHECK(std::isfinite(tiny_back[i]));
+    CHECK(std::fabs(tiny_back[i] - tiny[i]) <= 0.51F * 1e-38F / 127.0F + 1e-45F);
+  }
+  CHECK(tiny_back[0] == 127.0F * (1e-38F / 127.0F));
+  for (std::size_t i = 4; i < 8; ++i) CHECK(tiny_back[i] == 0.0F);
 }
 
 TEST_CASE("a quantized all-gather: every rank's blocks decoded, within half a quantum") {
@@ -197,6 +220,7 @@ TEST_CASE("a quantized all-gather: every rank's blocks decoded, within half a qu
       }
       const auto got = group.release(k);
       check_quantized(std::span<const float>(got.data(), got.size()), want, exact, quantum);
+      if (n == 1) CHECK(std::vector<float>(got.begin(), got.end()) == exact);  // nothing sent
     };
     gathered(0, g_mh, 0, 1);
     gathered(1, g_hm, 1, 2);
@@ -212,14 +236,16 @@ TEST_CASE("a quantized reduce-scatter: an int8 all-to-all, the parts decoded and
     const std::size_t me = static_cast<std::size_t>(m.coord(0));
     const std::array<std::size_t, 2> g_mh{8, 6};
     const std::array<std::size_t, 1> g_h{70};
+    const std::array<std::size_t, 1> g_z{3};  // on 4 ranks one part is empty
     const layout_value mh_from = layout_value_of<mesh_t, "mh", layout<partial<"dp">>>;
     const layout_value mh_to = layout_value_of<mesh_t, "mh", layout<split<'m', "dp">>>;
     const layout_value h_from = layout_value_of<mesh_t, "h", layout<partial<"dp">>>;
     const layout_value h_to = layout_value_of<mesh_t, "h", layout<split<'h', "dp">>>;
     std::array<std::size_t, 2> l_mh{};
-    std::array<std::size_t, 1> l_h{};
+    std::array<std::size_t, 1> l_h{}, l_z{};
     const auto mh = make_shard<float, "mh">(mh_from, g_mh, m, 4, &l_mh);
     const auto h = make_shard<float, "h">(h_from, g_h, m, 5, &l_h);
+    const auto z = make_shard<float, "h">(h_from, g_z, m, 6, &l_z);
 
     m.reset_stats();
     detail::transition_group<float, mesh_t> group(m, q16);
@@ -229,12 +255,28 @@ TEST_CASE("a quantized reduce-scatter: an int8 all-to-all, the parts decoded and
     group.add("h", h_from, transition_plan_for<"h">(h_from, h_to, g_h, m),
               detail::to_shard_extents(g_h), detail::to_shard_extents(l_h),
               std::span<const float>(h));
+    group.add("h", h_from, transition_plan_for<"h">(h_from, h_to, g_z, m),
+              detail::to_shard_extents(g_z), detail::to_shard_extents(l_z),
+              std::span<const float>(z));
     group.run();
     const auto& dp = m.axis(0).stats();
     CHECK(dp.calls() == 1);
-    CHECK(dp[collective::all_to_all].calls == 1);
+    // Over one rank nothing is quantized: the reduce-scatter stays one.
+    CHECK(dp[n > 1 ? collective::all_to_all : collective::reduce_scatter].calls == 1);
     CHECK(dp.bytes_sent() == wire_bytes_of<"mh">(mh_from, mh_to, g_mh, m, q16) +
-                                 wire_bytes_of<"h">(h_from, h_to, g_h, m, q16));
+                                 wire_bytes_of<"h">(h_from, h_to, g_h, m, q16) +
+                                 wire_bytes_of<"h">(h_from, h_to, g_z, m, q16));
+    // A tensor's blocks are its own: "mh" alone (sent and received in place) ends as it
+    // does among the others.
+    const auto alone = [&] {
+      detail::transition_group<float, mesh_t> one(m, q16);
+      one.add("mh", mh_from, transition_plan_for<"mh">(mh_from, mh_to, g_mh, m),
+              detail::to_shard_extents(g_mh), detail::to_shard_extents(l_mh),
+              std::span<const float>(mh));
+      one.run();
+      const auto b = one.release(0);
+      return std::vector<float>(b.begin(), b.end());
+    }();
 
     // The reference: rank r's summand (make_shard's formula at dp coordinate r), my part of
     // it quantized alone, decoded, summed over r in rank order.
@@ -266,9 +308,11 @@ TEST_CASE("a quantized reduce-scatter: an int8 all-to-all, the parts decoded and
       }
       const auto got = group.release(k);
       check_quantized(std::span<const float>(got.data(), got.size()), want, exact, quantum);
+      if (k == 0) CHECK(std::vector<float>(got.begin(), got.end()) == alone);
     };
     reduced(0, g_mh, 4);
     reduced(1, g_h, 5);
+    reduced(2, g_z, 6);
   }
 }
 
@@ -289,11 +333,14 @@ TEST_CASE("what the wire does not carry travels exact; integers refuse a quantiz
       const auto out = group.release(0);
       return std::vector<float>(out.begin(), out.end());
     };
-    CHECK(run(q16) == run(exact_wire));  // an all-reduce
+    REQUIRE(plan.size() == 1);
+    REQUIRE(plan[0].kind == step_kind::all_reduce);
+    CHECK(run(q16) == run(exact_wire));
   }
   mesh_t m(MPI_COMM_WORLD, mesh_shapes().front());
   CHECK_THROWS_WITH_AS((detail::transition_group<std::int32_t, mesh_t>(m, q16)),
-                       doctest::Contains("floating-point elements only"), std::logic_error);
+                       doctest::Contains("float, bfloat16 and float16 elements only"),
+                       std::logic_error);
 }
 
 }  // namespace

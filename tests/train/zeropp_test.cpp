@@ -41,17 +41,17 @@ using all_stage = both_stage::with_secondary_over<"dp">;  // hpZ, qwZ and qgZ
 // The same with the default blocks, 256 elements (what a user writes).
 using zeropp_stage =
     exact_stage::with_secondary_over<"dp">::with_quantized_weights<>::with_quantized_gradients<>;
-static_assert(zeropp_stage::gather_wire == int8_blocks(256));
+static_assert(zeropp_stage::gather_wire == int8_all_gathers(256));
 template <class Stage>
 using policy = training_policy<node_mesh, Stage, float>;
 
-static_assert(qwz_stage::gather_wire == int8_blocks(block) &&
+static_assert(qwz_stage::gather_wire == int8_all_gathers(block) &&
               qwz_stage::gradient_wire == exact_wire);
-static_assert(both_stage::layouts<node_mesh, "mh">.gradient_wire == int8_blocks(block));
+static_assert(both_stage::layouts<node_mesh, "mh">.gradient_wire == int8_reduce_scatters(block));
 static_assert(std::is_same_v<all_stage::stored_layout<"mh">, exact_stage::stored_layout<"mh">>);
 static_assert(
     zero_stage<2>::with_quantized_gradients<64>::layouts<mesh<"dp">, "mh">.gradient_wire ==
-    int8_blocks(64));
+    int8_reduce_scatters(64));
 
 std::vector<std::array<int, 2>> shapes() {
   int n = 1;
@@ -96,6 +96,10 @@ TEST_CASE("qwZ and qgZ: bytes per axis equal the planner's, and on one axis the 
     const auto qgz = step_bytes<qgz_stage>(mesh);
     const auto both = step_bytes<both_stage>(mesh);
     const auto all = step_bytes<all_stage>(mesh);
+    // qgZ under stages 1 (the buffer reduce-scattered at the step) and 2 (in backward):
+    // the planner's bytes per axis (step_bytes checks them).
+    (void)step_bytes<zero_stage<1, "dp_rep,dp">::with_quantized_gradients<block>>(mesh);
+    (void)step_bytes<zero_stage<2, "dp_rep,dp">::with_quantized_gradients<block>>(mesh);
     const auto total = [](const std::array<std::uint64_t, 2>& b) { return b[0] + b[1]; };
     // The whole world on one axis: the formula, exactly.
     const double n = mesh.world_size();

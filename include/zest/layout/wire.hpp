@@ -4,11 +4,13 @@
 //   wire_format exact{};                          // the elements' own type
 //   wire_format q = int8_blocks(256);             // 1 byte per element + 4 per 256
 //   q.bytes(1000)                                 // 4 * 4 scales + 1000 payload = 1016
-//   q.carries(step_kind::all_gather)              // true: the gathered blocks travel in int8
-//   q.carries(step_kind::reduce_scatter)          // true: an int8 all-to-all, summed in fp32
-//   q.carries(step_kind::all_reduce)              // false: sums travel exact
+//   q.carries(step_kind::all_gather, 4)           // true: the gathered blocks travel in int8
+//   q.carries(step_kind::reduce_scatter, 4)       // true: an int8 all-to-all, summed in fp32
+//   q.carries(step_kind::all_reduce, 4)           // false: sums travel exact
+//   q.carries(step_kind::all_gather, 1)           // false: over one rank nothing travels
+//   int8_all_gathers(256), int8_reduce_scatters(256)   // one kind only (qwZ, qgZ)
 //
-// A block of B elements travels as a scale s = max |x| / 127 and the bytes round(x / s),
+// A block of B elements travels as a scale s = max |x| / 127 and the bytes round(127 x / max |x|),
 // each in [-127, 127]; it decodes to q s, within s / 2 of x. The encoding is per block of
 // one tensor's part for one rank (blocks never span two tensors of a coalesced collective):
 // a tensor's part costs bytes(count) = 4 ceil(count / B) + count rounded up to 4, scales
@@ -33,27 +35,41 @@
 namespace zest {
 
 struct wire_format {
-  std::uint32_t block = 0;  // 0: exact; B: int8 with one fp32 scale per B elements
+  std::uint32_t block = 0;      // 0: exact; B: int8 with one fp32 scale per B elements
+  bool all_gathers = true;      // whether it carries the all-gathers,
+  bool reduce_scatters = true;  // and the reduce-scatters
 
   constexpr bool quantized() const { return block != 0; }
-  // Whether a step of kind k travels quantized.
-  constexpr bool carries(step_kind k) const {
-    return quantized() && (k == step_kind::all_gather || k == step_kind::reduce_scatter);
+  // Whether a step of kind k over an axis of `ranks` ranks travels quantized (over one rank
+  // nothing travels, and the values stay exact).
+  constexpr bool carries(step_kind k, std::size_t ranks) const {
+    return quantized() && ranks > 1 &&
+           ((k == step_kind::all_gather && all_gathers) ||
+            (k == step_kind::reduce_scatter && reduce_scatters));
   }
   // Bytes of one tensor's part of `count` elements, quantized.
   constexpr std::size_t bytes(std::size_t count) const {
     if (count == 0) return 0;
     return 4 * ((count + block - 1) / block) + (count + 3) / 4 * 4;
   }
-  // The collective the communicators see for a step of kind k.
-  constexpr collective collective_for(step_kind k) const {
-    return carries(k) && k == step_kind::reduce_scatter ? collective::all_to_all : collective_of(k);
+  // The collective the communicators see for such a step.
+  constexpr collective collective_for(step_kind k, std::size_t ranks) const {
+    return carries(k, ranks) && k == step_kind::reduce_scatter ? collective::all_to_all
+                                                               : collective_of(k);
   }
   constexpr bool operator==(const wire_format&) const = default;
 };
 
 inline constexpr wire_format exact_wire{};
-constexpr wire_format int8_blocks(std::uint32_t block) { return wire_format{block}; }
+// Both kinds in blocks of B; the all-gathers only (qwZ); the reduce-scatters only (qgZ).
+// A block of 0 is the exact wire.
+constexpr wire_format int8_blocks(std::uint32_t block) { return wire_format{block, true, true}; }
+constexpr wire_format int8_all_gathers(std::uint32_t block) {
+  return block == 0 ? exact_wire : wire_format{block, true, false};
+}
+constexpr wire_format int8_reduce_scatters(std::uint32_t block) {
+  return block == 0 ? exact_wire : wire_format{block, false, true};
+}
 
 namespace detail {
 
@@ -62,10 +78,10 @@ namespace detail {
 constexpr std::uint64_t step_wire_bytes(const transition_step& s, const layout_value& v,
                                         const transition_shape& sh, const mesh_coords& c,
                                         const wire_format& wire, std::size_t element_size) {
-  if (!wire.carries(s.kind)) {
+  const auto n = static_cast<std::size_t>(sh.sizes[s.axis]);
+  if (!wire.carries(s.kind, n)) {
     return static_cast<std::uint64_t>(step_elements(s, v, sh, c)) * element_size;
   }
-  const auto n = static_cast<std::size_t>(sh.sizes[s.axis]);
   const auto me = static_cast<std::size_t>(c[s.axis]);
   const std::size_t mine = held_elements(v, sh, c);
   if (s.kind == step_kind::all_gather)

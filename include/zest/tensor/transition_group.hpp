@@ -103,11 +103,10 @@ inline slab slab_around(const shard_extents& ext, std::size_t rank, std::size_t 
   return s;
 }
 
-// The element types a quantized wire can carry.
+// The element types a quantized wire can carry (it encodes and sums in fp32).
 template <class T>
 inline constexpr bool wire_quantizable_v =
-    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bfloat16> ||
-    std::is_same_v<T, float16>;
+    std::is_same_v<T, float> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
 
 // One collective step for several shards at once: the same kind on the same axis, each shard
 // with its own step (its dims). The shards' blocks travel in one collective, rank-major (for
@@ -133,10 +132,11 @@ class coalesced_step {
         n_(static_cast<std::size_t>(mesh.size(axis_))),
         me_(static_cast<std::size_t>(mesh.coord(axis_))),
         wire_(wire),
-        quantized_(wire.carries(kind_)) {
+        quantized_(wire.carries(kind_, n_)) {
     if (quantized_ && !wire_quantizable_v<T>) {
       throw std::logic_error(
-          "zest transition_group: a quantized wire carries floating-point elements only");
+          "zest transition_group: a quantized wire carries float, bfloat16 and float16 elements "
+          "only");
     }
   }
   coalesced_step(const coalesced_step&) = delete;
@@ -575,7 +575,8 @@ class transition_group {
   explicit transition_group(const Mesh& mesh, wire_format wire = {}) : mesh_(&mesh), wire_(wire) {
     if (wire_.quantized() && !wire_quantizable_v<T>) {
       throw std::logic_error(
-          "zest transition_group: a quantized wire carries floating-point elements only");
+          "zest transition_group: a quantized wire carries float, bfloat16 and float16 elements "
+          "only");
     }
   }
   transition_group(const transition_group&) = delete;

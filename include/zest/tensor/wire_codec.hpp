@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
 #include "zest/config.hpp"
 #include "zest/core/device_math.hpp"
@@ -41,14 +40,22 @@ struct encode_blocks_fn {
       if (!dmath::isfinite(a)) finite = false;
       else if (a > largest) largest = a;
     }
-    // A NaN or an infinity makes the block's scale NaN: it decodes to NaN throughout.
-    const float scale = finite ? largest / 127.0F : std::numeric_limits<float>::quiet_NaN();
+    // A NaN or an infinity makes the block's scale NaN (its bytes 0): it decodes to NaN
+    // throughout. The bytes are x / largest * 127, which cannot overflow however small the
+    // block's values (a scale below 1e-38 is a denormal, and 127 / largest would be inf).
+    float scale = largest / 127.0F;
+    if (!finite) {
+      const std::uint32_t quiet_nan = 0x7fc00000U;
+      std::memcpy(&scale, &quiet_nan, sizeof scale);
+    }
     std::memcpy(wire + 4 * b, &scale, sizeof scale);
     std::uint8_t* bytes = wire + wire_payload_at(count, block);
-    const float inverse = finite && largest > 0 ? 127.0F / largest : 0.0F;
     for (std::size_t i = first; i < last; ++i) {
-      float q = dmath::floor(static_cast<float>(src[i]) * inverse + 0.5F);
-      q = q > 127.0F ? 127.0F : (q < -127.0F ? -127.0F : q);
+      float q = 0;
+      if (finite && largest > 0) {
+        q = dmath::floor(static_cast<float>(src[i]) / largest * 127.0F + 0.5F);
+        q = q > 127.0F ? 127.0F : (q < -127.0F ? -127.0F : q);
+      }
       bytes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
     }
   }

@@ -362,7 +362,8 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
         // On a quantized wire (qwZ, qgZ) the bytes are the wire's, and a reduce-scatter is
         // an all-to-all; `elements` stays the elements the step moves.
         const std::uint64_t b = step_wire_bytes(s, v, shape, here, x.wire, element);
-        const auto k = static_cast<std::size_t>(x.wire.collective_for(s.kind));
+        const auto k = static_cast<std::size_t>(
+            x.wire.collective_for(s.kind, static_cast<std::size_t>(shape.sizes[s.axis])));
         t.calls[k] += 1;
         t.bytes_by[k] += b;
         t.calls_on[s.axis][k] += 1;

@@ -338,6 +338,15 @@ struct quantized_gradients_need_a_reduce_scatter {
                 "stages 1-3 run; stage 0 all-reduces them (exact). Fix: zero_stage<1>, <2> or "
                 "<3> ::with_quantized_gradients<B>, or leave it out.");
 };
+// A block size of ZeRO++'s int8 wires, checked.
+template <std::uint32_t B>
+struct wire_block {
+  static_assert(B > 0,
+                "zest zero_stage: an int8 wire's block holds at least one element (one fp32 "
+                "scale per block). Fix: with_quantized_weights<256> or "
+                "with_quantized_gradients<256> (256 by default), or leave it out.");
+  static constexpr std::uint32_t value = B;
+};
 template <class Stage, fixed_string Dims>
 struct split_dim_out_of_range {
   static_assert(always_false<Stage>,
@@ -392,16 +401,17 @@ struct zero_stage {
   // The stored shards and the optimizer stay exact; every rank computes with the same
   // decoded weights.
   template <std::uint32_t B = 256>
-  using with_quantized_weights =
-      zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, SecondaryAxes, B, GradientBlock>;
+  using with_quantized_weights = zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, SecondaryAxes,
+                                            zero_error::wire_block<B>::value, GradientBlock>;
   // ZeRO++'s qgZ (stages 1-3): the gradients' reduce-scatters become an all-to-all of int8
   // blocks (one fp32 scale per B elements), decoded and summed in fp32 by the receiver.
   // Sums over replica axes (HSDP's all-reduce) stay exact.
   template <std::uint32_t B = 256>
   using with_quantized_gradients =
-      zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, SecondaryAxes, WeightBlock, B>;
-  static constexpr wire_format gather_wire = int8_blocks(WeightBlock);
-  static constexpr wire_format gradient_wire = int8_blocks(GradientBlock);
+      zero_stage<Stage, DataAxis, SplitRule, ReplicaAxes, SecondaryAxes, WeightBlock,
+                 zero_error::wire_block<B>::value>;
+  static constexpr wire_format gather_wire = int8_all_gathers(WeightBlock);
+  static constexpr wire_format gradient_wire = int8_reduce_scatters(GradientBlock);
 
   // The axes the stage partitions over, those it replicates over, and both: the axes the
   // batch is split over ("data axes").
