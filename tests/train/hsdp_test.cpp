@@ -56,15 +56,7 @@ static_assert(std::is_same_v<hpz_stage::secondary_layout<"mh">, layout<split<'m'
 static_assert(hpz_stage::layouts<hsdp_mesh, "mh">.secondary ==
               layout_value_of<hsdp_mesh, "mh", layout<split<'m', "dp">>>);
 
-// The shapes of the job's ranks over (dp_rep, dp).
-std::vector<std::array<int, 2>> shapes() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  std::vector<std::array<int, 2>> out{{1, n}};
-  if (n > 1) out.push_back({n, 1});
-  if (n == 4) out.push_back({2, 2});
-  return out;
-}
+// The shapes of the job's ranks over the two axes: testing::mesh_shapes() (1 x N, N x 1, 2 x 2).
 
 // `options` for the N-rank runs (recomputation, prefetch and live groups change nothing in
 // the numbers); the reference keeps the defaults.
@@ -76,7 +68,7 @@ void trains_like_one_rank(zero_options options = {}) {
   gpt<P> ref_model(ref_engine, small_gpt());
   const auto ref_losses = train_steps<hsdp_tokens>(ref_engine, ref_model, 0, 8);
   const auto ref_params = parameter_values(ref_engine);
-  for (const auto& shape : shapes()) {
+  for (const auto& shape : mesh_shapes()) {
     const hsdp_mesh mesh(MPI_COMM_WORLD, shape);
     INFO(mesh.describe());
     zero_engine<P> engine(mesh, options);
@@ -90,7 +82,7 @@ void trains_like_one_rank(zero_options options = {}) {
 template <int K>
 void bytes_and_states_equal_formula() {
   using P = hsdp_policy<K>;
-  for (const auto& shape : shapes()) {
+  for (const auto& shape : mesh_shapes()) {
     const hsdp_mesh mesh(MPI_COMM_WORLD, shape);
     INFO(mesh.describe() << ", stage " << K);
     const std::int64_t before = memory::live_bytes();
@@ -126,7 +118,7 @@ void bytes_and_states_equal_formula() {
 template <int K>
 void two_axis_bytes_equal_formula() {
   using P = both_policy<K>;
-  for (const auto& shape : shapes()) {
+  for (const auto& shape : mesh_shapes()) {
     const hsdp_mesh mesh(MPI_COMM_WORLD, shape);
     INFO(mesh.describe() << ", stage " << K);
     zero_engine<P> engine(mesh, {.seed = 3});
@@ -205,7 +197,7 @@ TEST_CASE("ZeRO++ hpZ: N ranks train like one rank, and backward gathers inside 
   // The secondary copies under full recomputation, one live group, no prefetch.
   trains_like_one_rank<hpz_policy>(
       {.max_live_groups = 1, .prefetch = false, .recompute = recomputation::full});
-  for (const auto& shape : shapes()) {
+  for (const auto& shape : mesh_shapes()) {
     const hsdp_mesh mesh(MPI_COMM_WORLD, shape);
     INFO(mesh.describe());
     const step_bytes hpz = one_step<hpz_policy>(mesh);

@@ -53,14 +53,7 @@ static_assert(
     zero_stage<2>::with_quantized_gradients<64>::layouts<mesh<"dp">, "mh">.gradient_wire ==
     int8_reduce_scatters(64));
 
-std::vector<std::array<int, 2>> shapes() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  std::vector<std::array<int, 2>> out{{1, n}};
-  if (n > 1) out.push_back({n, 1});
-  if (n == 4) out.push_back({2, 2});
-  return out;
-}
+// The shapes of the job's ranks over the two axes: testing::mesh_shapes() (1 x N, N x 1, 2 x 2).
 
 // One step's bytes per axis: equal to the planner's, which prices the wires.
 template <class Stage>
@@ -88,7 +81,7 @@ TEST_CASE("qwZ and qgZ: bytes per axis equal the planner's, and on one axis the 
     gpt<policy<exact_stage>> model(engine, small_gpt());
     psi = engine.parameter_count();
   }
-  for (const auto& shape : shapes()) {
+  for (const auto& shape : mesh_shapes()) {
     const node_mesh mesh(MPI_COMM_WORLD, shape);
     INFO(mesh.describe());
     const auto exact = step_bytes<exact_stage>(mesh);
