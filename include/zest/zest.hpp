@@ -39,7 +39,11 @@
 #include "zest/layout/layout_string.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/layout/shard.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/cheapest_plan.hpp"
+#include "zest/layout/fixed_order_plan.hpp"
+#include "zest/layout/plan_cache.hpp"
+#include "zest/layout/step.hpp"
+#include "zest/layout/step_cost.hpp"
 
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/relabel.hpp"

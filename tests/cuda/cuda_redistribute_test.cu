@@ -62,7 +62,7 @@ TEST_CASE("every layout pair: device shards equal host shards, counters equal th
           CAPTURE(g);
           std::array<std::size_t, 3> local{};
           const auto data = make_shard<double, "abc">(from, g, hm, 7, &local);
-          const transition_plan plan = plan_transition(from, to);
+          const transition_plan plan = fixed_order_plan(from, to);
           const auto host_moved = detail::run_transition<"abc">(
               plan, from, local, host_vector<double>(data.begin(), data.end()), g, hm);
           gm.reset_stats();

@@ -3,7 +3,7 @@
 
 Scans the repository's sources and documents (include/, tests/, examples/, bench/, docs/,
 scripts/, cmake/, .ci/, README.md, CMakeLists.txt) for paths with a file extension,
-e.g. zest/layout/transition.hpp, docs/design-notes.md or tests/io/checkpoint_fault.py, and
+e.g. zest/layout/cheapest_plan.hpp, docs/design-notes.md or tests/io/checkpoint_fault.py, and
 fails, naming file and line, when one does not exist (a path under zest/ is looked up under
 include/, one under an area of the library, like zero/stage.hpp, under include/zest/ and
 tests/), or

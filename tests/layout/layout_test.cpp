@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "zest/einsum/spec.hpp"
+#include "zest/layout/fixed_order_plan.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/step.hpp"
 #include "zest/mesh/mesh.hpp"
 #include "zest/tensor/tensor.hpp"
 
@@ -53,7 +54,7 @@ static_assert(dim_range(lv<layout<split<'m', "tp", "dp">>>, 'm', 10, sizes,
 
 // Each per-axis transition of the table in docs/design-notes.md ("Transitions: what each one
 // sends").
-constexpr transition_plan plan(layout_value a, layout_value b) { return plan_transition(a, b); }
+constexpr transition_plan plan(layout_value a, layout_value b) { return fixed_order_plan(a, b); }
 constexpr auto R = lv<layout<>>;
 constexpr auto Sb = lv<layout<split<'b', "dp">>>;
 constexpr auto Ss = lv<layout<split<'s', "dp">>>;

@@ -84,7 +84,7 @@ TEST_CASE("a random group moves as its tensors would alone, with the same bytes"
           auto to_local = g;
           (void)make_shard<double, Dims>(mb.to, g, m, salt, &to_local);
           const auto full =
-              detail::run_transition<Dims>(plan_transition(mb.to, replicated_layout(2)), mb.to,
+              detail::run_transition<Dims>(fixed_order_plan(mb.to, replicated_layout(2)), mb.to,
                                            to_local, std::move(moved), g, m);
           alone.emplace_back(full.begin(), full.end());
         };
@@ -122,7 +122,7 @@ TEST_CASE("a random group moves as its tensors would alone, with the same bytes"
           (void)make_shard<double, Dims>(mb.to, g, m, 0, &expect_local);
           CHECK(local == expect_local);
           const auto full = detail::run_transition<Dims>(
-              plan_transition(mb.to, replicated_layout(2)), mb.to, local, group.release(k), g, m);
+              fixed_order_plan(mb.to, replicated_layout(2)), mb.to, local, group.release(k), g, m);
           return std::vector<double>(full.begin(), full.end());
         };
         const auto got = mb.three_d ? back.template operator()<"abc">(mb.g3)

@@ -116,7 +116,7 @@ TEST_CASE("every layout pair: the costed plan moves the values and sends what it
           CAPTURE(m.describe());
           CAPTURE(g);
           const transition_plan plan = transition_plan_for<"abc">(from, to, g, m);
-          const transition_plan fixed = plan_transition(from, to);
+          const transition_plan fixed = fixed_order_plan(from, to);
           CHECK(!(cost_of(fixed, from, sh) < cost_of(plan, from, sh)));
           cheaper += cost_of(plan, from, sh).elements < cost_of(fixed, from, sh).elements;
           std::array<std::size_t, 3> local{};

@@ -44,7 +44,7 @@ TEST_CASE("every layout pair round-trips values and counts the planned bytes") {
           CAPTURE(g);
           std::array<std::size_t, 3> local{};
           auto data = make_shard<double, "abc">(from, g, m, 7, &local);
-          const transition_plan plan = plan_transition(from, to);
+          const transition_plan plan = fixed_order_plan(from, to);
           m.reset_stats();
           auto moved = detail::run_transition<"abc">(
               plan, from, local, host_vector<double>(data.begin(), data.end()), g, m);
@@ -61,8 +61,8 @@ TEST_CASE("every layout pair round-trips values and counts the planned bytes") {
           }
           std::array<std::size_t, 3> to_local{};
           (void)make_shard<double, "abc">(to, g, m, 7, &to_local);
-          const auto full = detail::run_transition<"abc">(plan_transition(to, replicated_layout(2)),
-                                                          to, to_local, std::move(moved), g, m);
+          const auto full = detail::run_transition<"abc">(
+              fixed_order_plan(to, replicated_layout(2)), to, to_local, std::move(moved), g, m);
           CHECK(relative_error(std::vector<double>(full.begin(), full.end()), want) < 1e-12);
         }
       }

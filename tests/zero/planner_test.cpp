@@ -62,7 +62,7 @@ static_assert(!zero_stage<2>::partitions_parameters && zero_stage<3>::partitions
 template <int K>
 constexpr transition_plan phase(zero_phase p) {
   const zero_transfer t = transfer_of(lay<K>, p);
-  return plan_transition(t.from, t.to);
+  return fixed_order_plan(t.from, t.to);
 }
 constexpr bool only(const transition_plan& p, step_kind k) {
   return p.size() == 1 && p[0].kind == k;

@@ -340,9 +340,9 @@ auto where(const M& mask, const variable<X>& x, const variable<Y>& y) {
     using mask_t = typename detail::relayout<M, mask_at>::type;
     detail::check_same_extents("where", x.value(), y.value(), "x", "y");
     detail::check_same_extents("where", x.value(), mask, "x", "mask");
-    const auto xu = detail::as_layout<meet>(x.value());
-    const auto yu = detail::as_layout<meet>(y.value());
-    mask_t mu = detail::as_layout<mask_at>(mask);
+    const auto& xu = at_layout<meet>(x.value());
+    const auto& yu = at_layout<meet>(y.value());
+    const mask_t& mu = at_layout<mask_at>(mask);
     z_t z(xu.mesh(), xu.extents(), z_t::uninitialized);
     for_each_kernel<B>(z.local_count(), kernels::select<T, C>{mu.local().data(), xu.local().data(),
                                                               yu.local().data(), z.local().data()});

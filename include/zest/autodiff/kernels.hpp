@@ -30,6 +30,7 @@
 #include "zest/config.hpp"
 #include "zest/core/device_math.hpp"
 #include "zest/core/random.hpp"
+#include "zest/layout/shard.hpp"
 
 namespace zest::autodiff {
 
@@ -106,33 +107,19 @@ struct element {
 // ---------------------------------------------------------------------------------------
 // Walks of a local shard.
 
-// A shard as [outer][n][inner] around one dim: row r = o * inner + k (the host's numbering,
-// ops.hpp's for_each_row) starts at o * n * inner + k; its elements are `inner` apart.
-struct row_walk {
-  std::size_t n = 1, inner = 1;
-  ZEST_HOST_DEVICE std::size_t first(std::size_t row) const {
-    return (row / inner) * n * inner + row % inner;
-  }
-  // The row of element i, and i's position j < n in it.
-  ZEST_HOST_DEVICE std::size_t row_of(std::size_t i) const {
-    return (i / (n * inner)) * inner + i % inner;
-  }
-  ZEST_HOST_DEVICE std::size_t position_of(std::size_t i) const { return (i / inner) % n; }
-};
-
-// The entries [lo, hi) of a row that a causal mask keeps (all of them when not masked): a
-// prefix along K (global k <= global q), a suffix along Q (global q >= global k). The other
-// dim's local index in row r is ((outer ? r / inner : r % inner) / div) % extent.
+// The entries [lo, hi) of a row of n (the rows around the mask's own dim: shard_rows,
+// zest/layout/shard.hpp) that a causal mask keeps (all of them when not masked): a prefix
+// along K (global k <= global q), a suffix along Q (global q >= global k). `other` is the
+// other dim's local index in the row.
 struct causal_window {
-  bool masked = false, along_k = true, in_outer = true;
-  std::size_t inner = 1, div = 1, extent = 1;
+  bool masked = false, along_k = true;
+  row_coordinate other;
   std::size_t other_offset = 0, own_offset = 0, n = 0;
   ZEST_HOST_DEVICE void kept(std::size_t row, std::size_t& lo, std::size_t& hi) const {
     lo = 0;
     hi = n;
     if (!masked) return;
-    const std::size_t other = ((in_outer ? row / inner : row % inner) / div) % extent;
-    const long long g = static_cast<long long>(other_offset + other);
+    const long long g = static_cast<long long>(other_offset + other.at(row));
     const long long own = static_cast<long long>(own_offset);
     const long long last = static_cast<long long>(n);
     if (along_k) {
@@ -610,7 +597,7 @@ struct masked_softmax_rows {
   const T* x;
   const C* mask;
   T* y;
-  row_walk walk;
+  shard_rows walk;
   causal_window window;
   broadcast_map map;
   ZEST_HOST_DEVICE bool keeps(std::size_t i, std::size_t j, std::size_t lo, std::size_t hi) const {
@@ -646,7 +633,7 @@ template <class T>
 struct causal_mask_rows {
   const T* in;
   T* out;
-  row_walk walk;
+  shard_rows walk;
   causal_window window;
   T fill;
   ZEST_HOST_DEVICE void operator()(std::size_t row) const {
@@ -666,7 +653,7 @@ struct layer_norm_rows {
   T* y;
   T* mean;
   T* rstd;
-  row_walk walk;
+  shard_rows walk;
   T eps;
   ZEST_HOST_DEVICE void operator()(std::size_t row) const {
     const std::size_t f = walk.first(row), s = walk.inner, n = walk.n;
@@ -706,7 +693,7 @@ struct layer_norm_backward_rows {
   const T* mean;
   const T* rstd;
   T* dx;
-  row_walk walk;
+  shard_rows walk;
   ZEST_HOST_DEVICE void operator()(std::size_t row) const {
     const std::size_t f = walk.first(row), s = walk.inner, n = walk.n;
     const T inv_n = T(1) / static_cast<T>(n > 0 ? n : 1);
@@ -752,7 +739,7 @@ struct layer_norm_parameter_grads {
   const T* rstd;
   T* dgamma;
   T* dbeta;
-  row_walk walk;
+  shard_rows walk;
   std::size_t rows, n, chunk;
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t c = i / n, j = i % n;
@@ -849,7 +836,7 @@ template <class T>
 struct log_sum_exp_rows {
   const T* x;
   T* lse;
-  row_walk walk;
+  shard_rows walk;
   ZEST_HOST_DEVICE void operator()(std::size_t row) const {
     const std::size_t f = walk.first(row), s = walk.inner, n = walk.n;
     T m = -dmath::infinity<T>();
@@ -871,7 +858,7 @@ template <class T>
 struct row_max {
   const T* x;
   T* out;
-  row_walk walk;
+  shard_rows walk;
   ZEST_HOST_DEVICE void operator()(std::size_t row) const {
     const std::size_t f = walk.first(row), s = walk.inner;
     T m = -dmath::infinity<T>();
@@ -884,7 +871,7 @@ struct sum_exp_rows {
   const T* x;
   const T* max;
   T* out;
-  row_walk walk;
+  shard_rows walk;
   ZEST_HOST_DEVICE void operator()(std::size_t row) const {
     const std::size_t f = walk.first(row), s = walk.inner;
     T sum = 0;
@@ -907,7 +894,7 @@ struct target_logit {
   const T* x;
   const std::int32_t* targets;
   T* out;
-  row_walk walk;
+  shard_rows walk;
   std::size_t first_class;
   ZEST_HOST_DEVICE void operator()(std::size_t row) const {
     const auto t = static_cast<std::size_t>(targets[row]);
@@ -929,7 +916,7 @@ struct cross_entropy_terms {
   const T* x;
   const T* lse;
   const std::int32_t* targets;
-  row_walk walk;
+  shard_rows walk;
   ZEST_HOST_DEVICE double operator()(std::size_t row) const {
     const std::size_t t = static_cast<std::size_t>(targets[row]);
     return static_cast<double>(lse[row] - x[walk.first(row) + t * walk.inner]);
@@ -943,7 +930,7 @@ struct cross_entropy_backward {
   const T* lse;
   const std::int32_t* targets;
   T* dx;
-  row_walk walk;
+  shard_rows walk;
   T scale;
   std::size_t first_class = 0;
   ZEST_HOST_DEVICE void operator()(std::size_t i) const {

@@ -178,7 +178,7 @@ auto binary(const variable<X>& a, const variable<Y>& b, Fn fn) {
     constexpr bool moved = Y::layout != X::layout;
     const X& av = a.value();
     detail::check_same_extents(view_of<Name>, av, b.value());
-    decltype(auto) bu = detail::at_layout<X::layout>(b.value());
+    decltype(auto) bu = zest::at_layout<X::layout>(b.value());
     X z(av.mesh(), av.extents(), X::uninitialized);
     for_each_kernel<B>(
         z.local_count(),
@@ -233,7 +233,7 @@ template <class T, class Fn>
 struct row_forward {
   const T* x;
   T* y;
-  row_walk walk;
+  shard_rows walk;
   causal_window window;
   Fn fn;
   static ZEST_HOST_DEVICE T masked() {
@@ -276,7 +276,7 @@ struct row_backward {
   const T* y;
   const T* dy;
   T* dx;
-  row_walk walk;
+  shard_rows walk;
   Fn fn;
   ZEST_HOST_DEVICE void operator()(std::size_t r) const {
     const std::size_t f = walk.first(r), s = walk.inner, n = walk.n;
@@ -306,11 +306,11 @@ variable<X> rows_op(const variable<X>& x, Fn fn) {
   using B = typename X::backend_type;
   const X& xv = x.value();
   X y(xv.mesh(), xv.extents(), X::uninitialized);
-  const rows_along rows = rows_of(xv.local_extents(), X::dim_index(D));
-  const kernels::row_walk walk = row_walk_of(rows);
+  const shard_rows rows = rows_around(xv.local_extents(), X::dim_index(D));
+  const shard_rows walk = rows;
   kernels::causal_window window;
   window.n = rows.n;
-  if constexpr (Q != 0) window = causal_window_of(causal_rows_of<D, Q, K>(xv));
+  if constexpr (Q != 0) window = causal_window_of<D, Q, K>(xv);
   for_each_kernel<B>(rows.count(), kernels::row_forward<T, Fn>{xv.local().data(), y.local().data(),
                                                                walk, window, fn});
   auto out = make_result(x.owner(), std::move(y), x.requires_grad());

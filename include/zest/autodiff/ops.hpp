@@ -337,10 +337,9 @@ auto causal_mask(const variable<X>& x) {
     using B = typename X::backend_type;
     const X& xv = x.value();
     X y(xv.mesh(), xv.extents(), X::uninitialized);
-    const detail::causal_rows causal = detail::causal_rows_of<K, Q, K>(xv);
-    const kernels::row_walk walk = detail::row_walk_of(causal.rows);
-    const kernels::causal_window window = detail::causal_window_of(causal);
-    const std::size_t count = causal.rows.count();
+    const shard_rows walk = rows_around(xv.local_extents(), X::dim_index(K));
+    const kernels::causal_window window = detail::causal_window_of<K, Q, K>(xv);
+    const std::size_t count = walk.count();
     for_each_kernel<B>(
         count, kernels::causal_mask_rows<T>{xv.local().data(), y.local().data(), walk, window,
                                             detail::minus_infinity<T>});
@@ -430,11 +429,11 @@ variable<X> masked_rows_op(const variable<X>& x, const M& mask) {
   decltype(auto) mu = at_layout<mask_at>(mask);
   const kernels::broadcast_map map =
       broadcast_map_of(walk_of(view_of<X::dims>, view_of<M::dims>, xv.local_extents()));
-  const rows_along rows = rows_of(xv.local_extents(), X::dim_index(D));
-  const kernels::row_walk walk = row_walk_of(rows);
+  const shard_rows rows = rows_around(xv.local_extents(), X::dim_index(D));
+  const shard_rows walk = rows;
   kernels::causal_window window;
   window.n = rows.n;
-  if constexpr (Q != 0) window = causal_window_of(causal_rows_of<D, Q, K>(xv));
+  if constexpr (Q != 0) window = causal_window_of<D, Q, K>(xv);
   X y(xv.mesh(), xv.extents(), X::uninitialized);
   for_each_kernel<B>(rows.count(),
                      kernels::masked_softmax_rows<T, C>{xv.local().data(), mu.local().data(),
@@ -508,10 +507,10 @@ auto layer_norm(const variable<X>& x, const variable<G>& gamma, const variable<G
     detail::check_extents<"layer_norm">(x.value(), gamma.value(), "x", "gamma");
     detail::check_extents<"layer_norm">(x.value(), beta.value(), "x", "beta");
     const X& xv = x.value();
-    const auto& gv = detail::at_layout<whole>(gamma.value());
-    const auto& bv = detail::at_layout<whole>(beta.value());
-    const detail::rows_along rows = detail::rows_of(xv.local_extents(), X::dim_index(D));
-    const kernels::row_walk walk = detail::row_walk_of(rows);
+    const auto& gv = zest::at_layout<whole>(gamma.value());
+    const auto& bv = zest::at_layout<whole>(beta.value());
+    const shard_rows rows = rows_around(xv.local_extents(), X::dim_index(D));
+    const shard_rows walk = rows;
     typename B::template buffer<T> row_mean(rows.count()), row_rstd(rows.count());
     X y(xv.mesh(), xv.extents(), X::uninitialized);
     for_each_kernel<B>(
@@ -527,7 +526,7 @@ auto layer_norm(const variable<X>& x, const variable<G>& gamma, const variable<G
       const T* px = std::as_const(xn->value).local().data();
       const T* dz = std::as_const(*on->grad).local().data();
       if (xn->requires_grad) {
-        const auto& gv = detail::at_layout<detail::whole_layout<typename X::mesh_type>>(gn->value);
+        const auto& gv = zest::at_layout<detail::whole_layout<typename X::mesh_type>>(gn->value);
         dual_tensor<X> dx(xn->value.mesh(), xn->value.extents(), dual_tensor<X>::uninitialized);
         for_each_kernel<B>(rows.count(), kernels::layer_norm_backward_rows<T>{
                                              px, dz, gv.local().data(), row_mean.data(),
@@ -605,7 +604,7 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
         detail::embedding_layout(Ids::layout, table_at, Table::dims[0], feature);
     using out_t = basic_tensor<T, typename Table::mesh_type, OutDims, out_layout>;
     using grad_at_t = typename detail::relayout<Table, dual(table_at)>::type;
-    const auto& tv = detail::at_layout<table_at>(table.value());
+    const auto& tv = zest::at_layout<table_at>(table.value());
     const std::size_t rows = tv.extents()[0];
     const std::size_t width = tv.local_extents()[1];
     // This rank's block of rows: all of them unless the rows are split.
@@ -669,7 +668,7 @@ namespace detail {
 // sums of exponentials and the target logits (each from the rank that holds it), one value per
 // row each: 3 b·s values, never the b·s·V logits.
 template <char V, sharded_tensor L, class B>
-double split_class_loss(const L& lv, const std::int32_t* targets, const kernels::row_walk& walk,
+double split_class_loss(const L& lv, const std::int32_t* targets, const shard_rows& walk,
                         std::size_t first_class,
                         typename B::template buffer<typename L::value_type>& lse) {
   using T = typename L::value_type;
@@ -753,9 +752,9 @@ auto cross_entropy(const variable<L>& logits, const Targets& targets) {
                                               view_of<L::dims>,
                                               "\" have no token positions to average over"));
     }
-    const auto& tv = detail::at_layout<targets_at>(targets);
-    const detail::rows_along rows = detail::rows_of(lv.local_extents(), vi);
-    const kernels::row_walk walk = detail::row_walk_of(rows);
+    const auto& tv = zest::at_layout<targets_at>(targets);
+    const shard_rows rows = rows_around(lv.local_extents(), vi);
+    const shard_rows walk = rows;
     const std::size_t classes = lv.extents()[vi], first_class = lv.local_offsets()[vi];
     const auto checked = tv.local_to_host();
     for (std::size_t row = 0; row < rows.count(); ++row) {

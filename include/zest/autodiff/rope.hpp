@@ -179,7 +179,7 @@ Z rope_rotated(const Z& z, const rope_options& o, bool inverse) {
   std::size_t pos_stride = 1;
   for (std::size_t k = p + 1; k < Z::rank; ++k) pos_stride *= local[k];
   Z y(z.mesh(), z.extents(), Z::uninitialized);
-  const rows_along rows = rows_of(local, d);
+  const shard_rows rows = rows_around(local, d);
   for_each_kernel<B>(y.local_count(), kernels::rope_rotate<T>{
                                           z.local().data(), y.local().data(), cosines.data(),
                                           sines.data(), n, rows.inner, pos_stride,
@@ -199,11 +199,11 @@ auto rope(const variable<X>& x, rope_options o = {}) {
     using W = zest::detail::along_whole<X, Dim>;
     detail::check_rope_extents<Pos, Dim>(x.value(), o);
     auto y = redistribute_to<X::layout>(detail::rope_rotated<Pos, Dim>(
-        detail::at_layout<W::layout>(x.value()), o, /*inverse=*/false));
+        zest::at_layout<W::layout>(x.value()), o, /*inverse=*/false));
     return custom<"rope">(
         std::move(y),
         [o](const auto& dy, const auto&, const X&) {
-          return detail::rope_rotated<Pos, Dim>(detail::at_layout<W::grad_layout>(dy), o,
+          return detail::rope_rotated<Pos, Dim>(zest::at_layout<W::grad_layout>(dy), o,
                                                 /*inverse=*/true);
         },
         x);

@@ -273,7 +273,7 @@ Z narrow_whole(const Z& z, std::size_t start, std::size_t length) {
   auto extents = z.extents();
   extents[d] = length;
   Z y(z.mesh(), extents, Z::uninitialized);
-  const autodiff::detail::rows_along r = autodiff::detail::rows_of(z.local_extents(), d);
+  const shard_rows r = rows_around(z.local_extents(), d);
   for_each_kernel<B>(y.local_count(),
                      autodiff::kernels::narrow_copy<T>{z.local().data(), y.local().data(), r.n,
                                                        start, length, r.inner});
@@ -306,7 +306,7 @@ Z concat_whole(const Z& first, const Rest&... rest) {
   }
   extents[d] = k.offset[n_parts];
   Z y(first.mesh(), extents, Z::uninitialized);
-  k.inner = autodiff::detail::rows_of(y.local_extents(), d).inner;
+  k.inner = rows_around(y.local_extents(), d).inner;
   k.y = y.local().data();
   for_each_kernel<B>(y.local_count(), k);
   return y;
@@ -336,7 +336,7 @@ Z index_select_whole(const Z& z, const Ids& ids, std::size_t count) {
   auto extents = z.extents();
   extents[d] = count;
   Z y(z.mesh(), extents, Z::uninitialized);
-  const autodiff::detail::rows_along r = autodiff::detail::rows_of(z.local_extents(), d);
+  const shard_rows r = rows_around(z.local_extents(), d);
   for_each_kernel<B>(y.local_count(),
                      autodiff::kernels::index_gather<T>{z.local().data(), ids.local().data(),
                                                         y.local().data(), r.n, count, r.inner});
@@ -479,7 +479,7 @@ auto narrow(const X& x, std::size_t start, std::size_t length) {
     using W = detail::along_whole<X, D>;
     detail::check_narrow_range<D>(x, start, length);
     return redistribute_to<X::layout>(
-        detail::narrow_whole<D>(autodiff::detail::at_layout<W::layout>(x), start, length));
+        detail::narrow_whole<D>(zest::at_layout<W::layout>(x), start, length));
   }
 }
 
@@ -493,9 +493,8 @@ auto concat(const X& first, const Rest&... rest) {
     return 0;
   } else {
     using W = detail::along_whole<X, D>;
-    return redistribute_to<X::layout>(
-        detail::concat_whole<D>(autodiff::detail::at_layout<W::layout>(first),
-                                autodiff::detail::at_layout<W::layout>(rest)...));
+    return redistribute_to<X::layout>(detail::concat_whole<D>(zest::at_layout<W::layout>(first),
+                                                              zest::at_layout<W::layout>(rest)...));
   }
 }
 
@@ -510,7 +509,7 @@ auto index_select(const X& x, const Ids& ids) {
     using W = detail::along_whole<X, D>;
     const auto host = detail::checked_ids<D>(x, ids);
     return redistribute_to<X::layout>(
-        detail::index_select_whole<D>(autodiff::detail::at_layout<W::layout>(x), ids, host.size()));
+        detail::index_select_whole<D>(zest::at_layout<W::layout>(x), ids, host.size()));
   }
 }
 
@@ -525,7 +524,7 @@ auto merge_dims(const X& x) {
   } else {
     using Mg = detail::merged<X, To>;
     return redistribute_to<Mg::layout>(detail::reinterpret<typename Mg::whole_type>(
-        autodiff::detail::at_layout<Mg::whole>(x), detail::merge_extents<To>(x)));
+        zest::at_layout<Mg::whole>(x), detail::merge_extents<To>(x)));
   }
 }
 
@@ -539,8 +538,8 @@ auto split_dim(const X& x, std::size_t outer) {
   } else {
     using Sp = detail::unmerged<X, To>;
     const auto extents = detail::split_extents<To>(x, outer);
-    return redistribute_to<Sp::layout>(detail::reinterpret<typename Sp::whole_type>(
-        autodiff::detail::at_layout<Sp::whole>(x), extents));
+    return redistribute_to<Sp::layout>(
+        detail::reinterpret<typename Sp::whole_type>(zest::at_layout<Sp::whole>(x), extents));
   }
 }
 
@@ -563,9 +562,9 @@ auto narrow(const variable<X>& x, std::size_t start, std::size_t length) {
         [start, length](const auto& dy, const auto&, const X& xv) {
           using T = typename X::value_type;
           using B = typename X::backend_type;
-          decltype(auto) dyw = detail::at_layout<W::grad_layout>(dy);
+          decltype(auto) dyw = zest::at_layout<W::grad_layout>(dy);
           G dx(xv.mesh(), xv.extents(), G::uninitialized);
-          const detail::rows_along r = detail::rows_of(dx.local_extents(), X::dim_index(D));
+          const shard_rows r = rows_around(dx.local_extents(), X::dim_index(D));
           for_each_kernel<B>(dx.local_count(),
                              kernels::narrow_pad<T>{dyw.local().data(), dx.local().data(), r.n,
                                                     start, length, r.inner});
@@ -588,7 +587,7 @@ auto concat(const variable<X>& first, const variable<Rest>&... rest) {
     return custom<"concat">(
         zest::concat<D>(first.value(), rest.value()...),
         [](const auto& dy, const auto&, const X& x0, const Rest&... xs) {
-          decltype(auto) dyw = detail::at_layout<W::grad_layout>(dy);
+          decltype(auto) dyw = zest::at_layout<W::grad_layout>(dy);
           constexpr std::size_t d = X::dim_index(D);
           std::size_t start = 0;
           auto piece = [&](const auto& x) {
@@ -620,7 +619,7 @@ auto index_select(const variable<X>& x, const Ids& ids) {
     const auto checked = zest::detail::checked_ids<D>(xv, ids);
     const std::size_t n = xv.extents()[X::dim_index(D)], m = checked.size();
     auto y = redistribute_to<X::layout>(
-        zest::detail::index_select_whole<D>(detail::at_layout<W::layout>(xv), ids, m));
+        zest::detail::index_select_whole<D>(zest::at_layout<W::layout>(xv), ids, m));
     // For the gradient: the positions of each row of x, in order (a stable counting sort of
     // the checked ids), on the backend.
     struct row_lists {
@@ -641,9 +640,9 @@ auto index_select(const variable<X>& x, const Ids& ids) {
         std::move(y),
         [lists, m](const auto& dy, const auto&, const X& xv) {
           using T = typename X::value_type;
-          decltype(auto) dyw = detail::at_layout<W::grad_layout>(dy);
+          decltype(auto) dyw = zest::at_layout<W::grad_layout>(dy);
           G dx(xv.mesh(), xv.extents(), G::uninitialized);
-          const detail::rows_along r = detail::rows_of(dx.local_extents(), X::dim_index(D));
+          const shard_rows r = rows_around(dx.local_extents(), X::dim_index(D));
           for_each_kernel<B>(
               dx.local_count(),
               kernels::index_scatter<T>{dyw.local().data(), lists->first.data(),
@@ -666,7 +665,7 @@ auto merge_dims(const variable<X>& x) {
         zest::merge_dims<To>(x.value()),
         [](const auto& dy, const auto&, const X& xv) {
           return zest::detail::reinterpret<typename Mg::grad_type>(
-              detail::at_layout<Mg::grad_whole>(dy), xv.extents());
+              zest::at_layout<Mg::grad_whole>(dy), xv.extents());
         },
         x);
   }
@@ -684,7 +683,7 @@ auto split_dim(const variable<X>& x, std::size_t outer) {
         zest::split_dim<To>(x.value(), outer),
         [](const auto& dy, const auto&, const X& xv) {
           return zest::detail::reinterpret<typename Sp::grad_type>(
-              detail::at_layout<Sp::grad_whole>(dy), xv.extents());
+              zest::at_layout<Sp::grad_whole>(dy), xv.extents());
         },
         x);
   }

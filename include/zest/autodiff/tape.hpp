@@ -305,15 +305,6 @@ constexpr bool share_partial_axis(const layout_value& x, const layout_value& y) 
   return false;
 }
 
-template <layout_key L, sharded_tensor X>
-auto as_layout(const X& x) {
-  if constexpr (X::layout == L) {
-    return x;
-  } else {
-    return redistribute_to<L>(x);
-  }
-}
-
 template <sharded_tensor X, sharded_tensor Y>
 constexpr bool same_kind() {
   return X::dims == Y::dims && std::is_same_v<typename X::value_type, typename Y::value_type> &&
@@ -447,16 +438,26 @@ auto einsum(const variable<A>& a) {
 
 // redistribute<layout<...>>(x): its backward is the redistribute between the duals, the
 // other way round (all-gather <-> reduce-scatter, all-reduce <-> local zero_partial).
+// redistribute<L>(x) takes the layout as a value (a layout_key, as layers compute it).
+// A variable that has the layout already is itself the result (no copy, no tape step).
+template <layout_key L, sharded_tensor X>
+auto redistribute(const variable<X>& x) {
+  if constexpr (static_cast<layout_key>(X::layout) == L) {
+    return x;
+  } else {
+    auto out =
+        detail::make_result(x.owner(), zest::redistribute_to<L>(x.value()), x.requires_grad());
+    if (out.requires_grad()) {
+      x.owner().record([xn = x.node(), on = out.node()] {
+        if (on->grad) detail::pass_gradient(*xn, on, true);
+      });
+    }
+    return out;
+  }
+}
 template <class Layout, sharded_tensor X>
 auto redistribute(const variable<X>& x) {
-  auto out =
-      detail::make_result(x.owner(), zest::redistribute<Layout>(x.value()), x.requires_grad());
-  if (out.requires_grad()) {
-    x.owner().record([xn = x.node(), on = out.node()] {
-      if (on->grad) detail::pass_gradient(*xn, on, true);
-    });
-  }
-  return out;
+  return redistribute<layout_key(layout_value_of<typename X::mesh_type, X::dims, Layout>)>(x);
 }
 
 namespace detail {
@@ -471,7 +472,7 @@ auto add_signed(const variable<X>& x, const variable<Y>& y) {
     using T = typename X::value_type;
     using op_t = std::conditional_t<(Sign > 0), kernels::plus<T>, kernels::minus<T>>;
     check_same_extents(Sign > 0 ? "x + y" : "x - y", x.value(), y.value(), "x", "y");
-    auto z = combine<z_t>(as_layout<meet>(x.value()), as_layout<meet>(y.value()), op_t{});
+    auto z = combine<z_t>(at_layout<meet>(x.value()), at_layout<meet>(y.value()), op_t{});
     auto out = make_result(x.owner(), std::move(z), x.requires_grad() || y.requires_grad());
     if (out.requires_grad()) {
       x.owner().record([xn = x.node(), yn = y.node(), on = out.node()] {
@@ -543,8 +544,8 @@ auto multiply(const variable<X>& x, const variable<Y>& y) {
     static constexpr layout_value x_grad = dual(x_at);
     static constexpr layout_value y_grad = dual(y_at);
     using z_t = typename detail::relayout<X, meet>::type;
-    auto xu = detail::as_layout<x_at>(x.value());
-    auto yu = detail::as_layout<y_at>(y.value());
+    auto xu = zest::at_layout<x_at>(x.value());
+    auto yu = zest::at_layout<y_at>(y.value());
     auto out = detail::make_result(x.owner(), detail::combine<z_t>(xu, yu, kernels::times<T>{}),
                                    x.requires_grad() || y.requires_grad());
     if (out.requires_grad()) {

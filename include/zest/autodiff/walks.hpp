@@ -1,9 +1,9 @@
 // zest/autodiff/walks.hpp — layouts where operands meet, and walks of local shards.
 //
-//   rows_of(x.local_extents(), X::dim_index('v'))   // [outer][n][inner] around dim v
-//   splits_of(X::layout, "m")                        // a bias "m" split as x splits m
+//   rows_around(x.local_extents(), X::dim_index('v'))  // [outer][n][inner] around dim v
+//   splits_of(X::layout, "m")                          // a bias "m" split as x splits m
 //
-// The walks become the plain descriptors (kernels::row_walk, broadcast_map, causal_window,
+// The walks become the plain descriptors (shard_rows, broadcast_map, causal_window,
 // global_index) that the function objects of zest/autodiff/kernels.hpp take.
 #pragma once
 
@@ -98,81 +98,8 @@ constexpr layout_value embedding_layout(const layout_value& ids, const layout_va
 template <class Mesh>
 inline constexpr layout_value whole_layout = replicated_layout(Mesh::axis_count);
 
-// x as a tensor of layout L: a reference to x itself when it has that layout already.
-template <layout_key L, sharded_tensor X>
-decltype(auto) at_layout(const X& x) {
-  if constexpr (X::layout == L) {
-    return (x);
-  } else {
-    return redistribute_to<L>(x);
-  }
-}
-
 // ---------------------------------------------------------------------------------------
-// Walking local shards.
-
-// A local shard as [outer][n][inner] around one dim: outer * inner rows of n elements.
-struct rows_along {
-  std::size_t outer = 1, n = 1, inner = 1;
-  std::size_t count() const { return outer * inner; }
-};
-template <std::size_t Rank>
-rows_along rows_of(const std::array<std::size_t, Rank>& local, std::size_t dim) {
-  rows_along r;
-  for (std::size_t i = 0; i < dim; ++i) r.outer *= local[i];
-  r.n = local[dim];
-  for (std::size_t i = dim + 1; i < Rank; ++i) r.inner *= local[i];
-  return r;
-}
-
-// The local index, in row `row` of a walk around dim `along`, of another dim `dim`.
-struct row_coordinate {
-  bool in_outer = true;
-  std::size_t inner = 1, div = 1, extent = 1;
-  std::size_t at(std::size_t row) const {
-    return ((in_outer ? row / inner : row % inner) / div) % extent;
-  }
-};
-template <std::size_t Rank>
-row_coordinate coordinate_of(const std::array<std::size_t, Rank>& local, std::size_t along,
-                             std::size_t dim) {
-  row_coordinate c;
-  c.in_outer = dim < along;
-  c.inner = std::max<std::size_t>(1, rows_of(local, along).inner);
-  c.extent = std::max<std::size_t>(1, local[dim]);
-  const std::size_t end = dim < along ? along : Rank;
-  for (std::size_t i = dim + 1; i < end; ++i) c.div *= local[i];
-  c.div = std::max<std::size_t>(1, c.div);
-  return c;
-}
-
-// What a causal mask keeps of a row along K (a prefix: global k <= global q) or along Q
-// (a suffix: global q >= global k).
-struct causal_rows {
-  rows_along rows;
-  row_coordinate other;  // the other dim of the pair
-  std::size_t other_offset = 0, own_offset = 0;
-  bool along_k = true;
-  std::pair<std::size_t, std::size_t> kept(std::size_t row) const {
-    const auto g = static_cast<long long>(other_offset + other.at(row));
-    const auto n = static_cast<long long>(rows.n);
-    const auto own = static_cast<long long>(own_offset);
-    if (along_k) return {0, static_cast<std::size_t>(std::clamp(g + 1 - own, 0LL, n))};
-    return {static_cast<std::size_t>(std::clamp(g - own, 0LL, n)), rows.n};
-  }
-};
-template <char Along, char Q, char K, sharded_tensor X>
-causal_rows causal_rows_of(const X& x) {
-  constexpr std::size_t along = X::dim_index(Along);
-  constexpr std::size_t other = X::dim_index(Along == K ? Q : K);
-  causal_rows c;
-  c.rows = rows_of(x.local_extents(), along);
-  c.other = coordinate_of(x.local_extents(), along, other);
-  c.other_offset = x.local_offsets()[other];
-  c.own_offset = x.local_offsets()[along];
-  c.along_k = Along == K;
-  return c;
-}
+// Walking local shards (the rows around one dim: shard_rows, zest/layout/shard.hpp).
 
 // A big shard walked against a small one whose dims are some of the big one's, split alike
 // (so their local extents agree): the big shard's dims are merged into groups that are all
@@ -251,18 +178,19 @@ template <class T>
 constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
 
 // The walks above as the plain descriptors that kernels.hpp's function objects take.
-inline kernels::row_walk row_walk_of(const rows_along& r) { return {r.n, r.inner}; }
-inline kernels::causal_window causal_window_of(const causal_rows& c) {
+// The causal mask's window for rows around dim Along of x (Q, K: the mask's query and key
+// dims): which entries of each row it keeps.
+template <char Along, char Q, char K, sharded_tensor X>
+kernels::causal_window causal_window_of(const X& x) {
+  constexpr std::size_t along = X::dim_index(Along);
+  constexpr std::size_t other = X::dim_index(Along == K ? Q : K);
   kernels::causal_window w;
   w.masked = true;
-  w.along_k = c.along_k;
-  w.in_outer = c.other.in_outer;
-  w.inner = c.other.inner;
-  w.div = c.other.div;
-  w.extent = c.other.extent;
-  w.other_offset = c.other_offset;
-  w.own_offset = c.own_offset;
-  w.n = c.rows.n;
+  w.along_k = Along == K;
+  w.other = coordinate_in_rows(x.local_extents(), along, other);
+  w.other_offset = x.local_offsets()[other];
+  w.own_offset = x.local_offsets()[along];
+  w.n = x.local_extents()[along];
   return w;
 }
 inline kernels::broadcast_map broadcast_map_of(const broadcast_walk& w) {

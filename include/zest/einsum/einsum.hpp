@@ -280,16 +280,6 @@ constexpr bool einsum_valid() {
   return false;
 }
 
-// The operand as the plan needs it: the tensor itself when its layout already fits.
-template <layout_key L, class X>
-decltype(auto) in_layout(const X& x) {
-  if constexpr (X::layout == L) {
-    return (x);
-  } else {
-    return redistribute_to<L>(x);
-  }
-}
-
 // Checks that every operand holds a value (not moved from) and every letter has one extent
 // across the operands (throws shape_error naming the spec, the operand, the dim and both
 // extents) and returns the output's global extents.
@@ -354,8 +344,8 @@ auto einsum(const X&... xs) {
 
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       // Bring every operand to its planned layout (the plan's collectives happen here).
-      std::tuple<decltype(detail::in_layout<traits::plan.operand_layouts[I]>(xs))...> ready{
-          detail::in_layout<traits::plan.operand_layouts[I]>(xs)...};
+      std::tuple<decltype(zest::at_layout<traits::plan.operand_layouts[I]>(xs))...> ready{
+          zest::at_layout<traits::plan.operand_layouts[I]>(xs)...};
       contraction_t out(mesh, out_extents, contraction_t::uninitialized);
       const std::array<host::operand_view<value_type>, sizeof...(X)> views{
           host::operand_view<value_type>{

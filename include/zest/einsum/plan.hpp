@@ -26,8 +26,10 @@
 
 #include "zest/config.hpp"
 #include "zest/einsum/spec.hpp"
+#include "zest/layout/fixed_order_plan.hpp"
 #include "zest/layout/layout.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/plan_cache.hpp"
+#include "zest/layout/step.hpp"
 
 namespace zest {
 
@@ -35,7 +37,7 @@ enum class einsum_problem : std::uint8_t { none, partial_twice };
 
 struct einsum_plan {
   std::array<layout_value, max_operands> operand_layouts{};  // what each operand is brought to
-  // The fixed-order plans (plan_transition(from, to)): whether and at most what each transition
+  // The fixed-order plans (fixed_order_plan(from, to)): whether and at most what each transition
   // sends. What runs is the cheapest plan for the run-time extents (transition_plan_for).
   std::array<transition_plan, max_operands> operand_steps{};
   layout_value contraction_output{};  // layout of the local contraction's result
@@ -121,7 +123,7 @@ constexpr einsum_plan plan_einsum(const einsum_spec& spec,
         v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
     }
     plan.operand_layouts[i] = v;
-    plan.operand_steps[i] = plan_transition(in[i], v);
+    plan.operand_steps[i] = fixed_order_plan(in[i], v);
   }
 
   layout_value out = replicated_layout(n_axes);
@@ -133,7 +135,7 @@ constexpr einsum_plan plan_einsum(const einsum_spec& spec,
   }
   plan.contraction_output = out;
   plan.result = forced ? *forced : out;
-  plan.output_steps = plan_transition(out, plan.result);
+  plan.output_steps = fixed_order_plan(out, plan.result);
   return plan;
 }
 

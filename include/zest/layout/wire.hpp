@@ -30,7 +30,8 @@
 #include "zest/comm/communicator.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/step.hpp"
+#include "zest/layout/step_cost.hpp"
 
 namespace zest {
 

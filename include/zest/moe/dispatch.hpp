@@ -187,19 +187,6 @@ void check_same_extents(const A& a, const B& b, std::string_view a_name, std::st
   }
 }
 
-// A variable with layout L: redistribute on the tape, its backward the dual redistribute.
-template <layout_key L, sharded_tensor X>
-auto redistribute_variable(const autodiff::variable<X>& x) {
-  auto out = autodiff::detail::make_result(x.owner(), zest::redistribute_to<L>(x.value()),
-                                           x.requires_grad());
-  if (out.requires_grad()) {
-    x.owner().record([xn = x.node(), on = out.node()] {
-      if (on->grad) xn->accumulate(zest::redistribute_to<autodiff::dual(X::layout)>(*on->grad));
-    });
-  }
-  return out;
-}
-
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------
@@ -230,7 +217,7 @@ auto to_expert_layout(const autodiff::variable<D>& dispatched) {
     (void)dispatch_error::expert_axis_busy<ExpertAxis, D>{};
     return 0;
   } else {
-    return detail::redistribute_variable<target::layout>(dispatched);
+    return autodiff::redistribute<target::layout>(dispatched);
   }
 }
 
@@ -241,7 +228,7 @@ auto to_token_layout(const autodiff::variable<Y>& y) {
   if constexpr (!detail::check_dims<"to_token_layout", Y, "egcm">()) {
     return 0;
   } else {
-    return detail::redistribute_variable<TokenLayout>(y);
+    return autodiff::redistribute<TokenLayout>(y);
   }
 }
 
@@ -335,8 +322,8 @@ auto dispatch_by_index(const autodiff::variable<X>& x, const I& expert_index, co
           " but the routing \"gsk\" has g=", expert_index.extents()[0],
           ", s=", expert_index.extents()[1]));
     }
-    const auto& ei = autodiff::detail::at_layout<index_at>(expert_index);
-    const auto& si = autodiff::detail::at_layout<index_at>(slot_index);
+    const auto& ei = zest::at_layout<index_at>(expert_index);
+    const auto& si = zest::at_layout<index_at>(slot_index);
     using B = typename X::backend_type;
     auto routes = detail::local_routes<"dispatch_by_index">(ei, si, experts, capacity, true);
     const std::size_t width = xv.local_extents()[2];
@@ -410,9 +397,9 @@ auto combine_by_index(const autodiff::variable<Y>& y, const autodiff::variable<W
           zest::detail::message("zest: combine_by_index: y \"egcm\" has g=", yv.extents()[1],
                                 " but the routing \"gsk\" has g=", expert_index.extents()[0]));
     }
-    const auto& ei = autodiff::detail::at_layout<at>(expert_index);
-    const auto& si = autodiff::detail::at_layout<at>(slot_index);
-    decltype(auto) wu = autodiff::detail::at_layout<at>(weight.value());
+    const auto& ei = zest::at_layout<at>(expert_index);
+    const auto& si = zest::at_layout<at>(slot_index);
+    decltype(auto) wu = zest::at_layout<at>(weight.value());
     using B = typename Y::backend_type;
     auto routes = detail::local_routes<"combine_by_index">(ei, si, yv.extents()[0], yv.extents()[2],
                                                            y.requires_grad());

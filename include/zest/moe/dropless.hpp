@@ -276,9 +276,9 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
                ", s = ", expert_index.extents()[1]);
   }
 
-  const auto& ei = autodiff::detail::at_layout<at_gsk>(expert_index);
-  const auto& si = autodiff::detail::at_layout<at_gsk>(slot_index);
-  decltype(auto) wu = autodiff::detail::at_layout<at_gsk>(weight.value());
+  const auto& ei = zest::at_layout<at_gsk>(expert_index);
+  const auto& si = zest::at_layout<at_gsk>(slot_index);
+  decltype(auto) wu = zest::at_layout<at_gsk>(weight.value());
   auto st = std::make_shared<dropless_state<T, B>>();
   dropless_state<T, B>& s = *st;
   const std::size_t S = xe[1];

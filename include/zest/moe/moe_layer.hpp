@@ -139,7 +139,7 @@ autodiff::variable<Y> conform(autodiff::variable<X> x) {
   if constexpr (std::is_same_v<X, Y>) {
     return x;
   } else {
-    return redistribute_variable<Y::layout>(x);
+    return autodiff::redistribute<Y::layout>(x);
   }
 }
 }  // namespace detail

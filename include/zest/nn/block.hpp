@@ -113,8 +113,8 @@ class transformer_block {
       // result goes back into x's layout (a slice where the stream is split on the sequence:
       // no collective).
       if (moe_) {
-        return in_layout<layout_like<X>>(
-            (*moe_)(in_layout<sequence_whole<X>>(x), splitmix64(seed + 2)));
+        return autodiff::redistribute<layout_like<X>>(
+            (*moe_)(autodiff::redistribute<sequence_whole<X>>(x), splitmix64(seed + 2)));
       }
     }
     return (*mlp_)(x);

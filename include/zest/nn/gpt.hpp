@@ -164,7 +164,7 @@ class gpt {
           ids.mesh(), {time}, [](const auto& i) { return static_cast<std::int32_t>(i[0]); });
       // The table is split over the vocabulary on tp: every tp rank looks up all the ids, and
       // the pending rows are reduced into the stream's layout, the ids' own.
-      auto tok = in_layout<layout_like<Ids>>(
+      auto tok = autodiff::redistribute<layout_like<Ids>>(
           wte_.template lookup<"btm">(zest::redistribute<tp_region_input<Ids>>(ids)));
       auto pos = wpe_.template lookup<"tm">(positions);
       return autodiff::broadcast_add(tok, pos);
@@ -186,7 +186,7 @@ class gpt {
       // In the expert layers' scalar layout, pending on every axis (where the loss is
       // replicated, over tp, a local step: one rank keeps it), so that their losses add.
       using scalar_layout = layout_like<typename moe::moe_layer<P>::scalar_variable>;
-      auto total = in_layout<scalar_layout>(nll);
+      auto total = autodiff::redistribute<scalar_layout>(nll);
       if (options_.moe) {
         last_nll_ = engine_->scalar_value(nll.value());
         const double layers = static_cast<double>(moe_layer_count());

@@ -61,7 +61,7 @@ class linear {
       if constexpr (std::is_void_v<Out>) {
         return autodiff::einsum<Spec>(x, weight_.value());
       } else {
-        return in_layout<Out>(autodiff::einsum<Spec>(x, weight_.value()));
+        return autodiff::redistribute<Out>(autodiff::einsum<Spec>(x, weight_.value()));
       }
     }();
     if constexpr (has_bias) {

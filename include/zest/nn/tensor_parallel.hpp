@@ -114,7 +114,7 @@ constexpr layout_value moved_over_sp(layout_value v) {
 }
 }  // namespace detail
 
-// Layouts as types, for redistribute<L>, in_layout<L> and einsum's forced layout, given by
+// Layouts as types, for autodiff::redistribute<L> and einsum's forced layout, given by
 // their values (detail::layout_constant: nvcc cannot turn a value back into layout<...>). X
 // is a tensor type or an autodiff variable.
 //
@@ -132,30 +132,11 @@ template <class X, class T = typename detail::tensor_of<X>::type>
 using sequence_whole =
     detail::layout_constant<detail::released_tp_sp<typename T::mesh_type>(T::layout)>;
 
-namespace detail {
-// Whether layout L is Y's own (compared as keys: nvcc's front end does not fold the
-// comparison of two layout values in an if constexpr).
-template <class L, class Y>
-inline constexpr bool is_own_layout =
-    static_cast<layout_key>(layout_value_of<typename Y::mesh_type, Y::dims, L>) ==
-    static_cast<layout_key>(Y::layout);
-}  // namespace detail
-
-// y in layout L (a layout type), y itself when it has it already.
-template <class L, sharded_tensor Y>
-auto in_layout(const autodiff::variable<Y>& y) {
-  if constexpr (detail::is_own_layout<L, Y>) {
-    return y;
-  } else {
-    return autodiff::redistribute<L>(y);
-  }
-}
-
 // x brought whole on tp (tp_region_input): an all-gather from a sequence-parallel stream,
 // x itself otherwise (no copy, no tape step).
 template <sharded_tensor X>
 auto whole_on_tp(const autodiff::variable<X>& x) {
-  return in_layout<tp_region_input<X>>(x);
+  return autodiff::redistribute<tp_region_input<X>>(x);
 }
 
 // Ulysses' all-to-all: x's split over "sp" moved from dim From (the sequence) to dim To (the
@@ -164,7 +145,7 @@ auto whole_on_tp(const autodiff::variable<X>& x) {
 //   q "btnd" split(t:sp)  -> across_sp<'t', 'n'>(q) -> split(n:sp): every query of its heads
 template <char From, char To, sharded_tensor X>
 auto across_sp(const autodiff::variable<X>& x) {
-  return in_layout<
+  return autodiff::redistribute<
       detail::layout_constant<detail::moved_over_sp<typename X::mesh_type, From, To>(X::layout)>>(
       x);
 }

@@ -10,7 +10,7 @@
 //   total 1.00 MiB sent by this rank in 1 collective
 //
 // The steps are the plan that evaluation runs: the cheapest for the run-time extents and mesh
-// sizes (plan_transition with a transition_shape, zest/layout/transition.hpp); the byte
+// sizes (cheapest_plan, zest/layout/cheapest_plan.hpp); the byte
 // figures price each step at this rank with the communicators' ring model
 // (zest/comm/communicator.hpp), so a test can compare them with the counters after running
 // the same expression.
@@ -25,8 +25,10 @@
 #include <vector>
 
 #include "zest/einsum/einsum.hpp"
+#include "zest/layout/plan_cache.hpp"
 #include "zest/layout/shard.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/step.hpp"
+#include "zest/layout/step_cost.hpp"
 #include "zest/tensor/tensor.hpp"
 
 namespace zest {
@@ -113,7 +115,7 @@ std::size_t local_elements(const layout_value& v, const Extents& global, const M
 }
 
 // Bytes this rank sends for step s from layout v, in the communicators' model: the one
-// pricing function, detail::step_elements (zest/layout/transition.hpp), at this rank.
+// pricing function, detail::step_elements (zest/layout/step_cost.hpp), at this rank.
 template <fixed_string Dims, class Mesh, class Extents>
 std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const Extents& global,
                          const Mesh& mesh, std::size_t element_size) {

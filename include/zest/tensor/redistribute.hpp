@@ -9,7 +9,7 @@
 // axis' communicator; a group of tensors shares each step's collective. Whether a
 // transition communicates is known at compile time (transition_plan_v, the fixed-order plan);
 // the steps that run are the cheapest for the tensor's extents and the mesh's sizes
-// (plan_transition with a transition_shape, zest/layout/transition.hpp), searched once per
+// (cheapest_plan, zest/layout/cheapest_plan.hpp), searched once per
 // shape. A transition that needs no communication (replicate -> split, replicate ->
 // partial) sends nothing.
 #pragma once
@@ -30,9 +30,12 @@
 #include "zest/comm/checked.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/memory.hpp"
+#include "zest/layout/fixed_order_plan.hpp"
 #include "zest/layout/layout.hpp"
+#include "zest/layout/plan_cache.hpp"
 #include "zest/layout/shard.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/step.hpp"
+#include "zest/layout/step_cost.hpp"
 #include "zest/tensor/tensor.hpp"
 #include "zest/tensor/transition_group.hpp"
 
@@ -74,8 +77,8 @@ requires(!std::is_lvalue_reference_v<Buffer>) Buffer
 // The fixed-order plan between two layouts, computed once per pair at compile time. It needs
 // a collective exactly when the plan that runs does, and costs no less than it for any shape.
 template <layout_key From, layout_key To>
-inline constexpr transition_plan transition_plan_v = plan_transition(to_layout(From),
-                                                                     to_layout(To));
+inline constexpr transition_plan transition_plan_v = fixed_order_plan(to_layout(From),
+                                                                      to_layout(To));
 
 // Runs the cheapest plan from the tensor's layout to To for its extents. (The tensor type is
 // taken whole and taken apart through its members: deducing class-type template arguments
@@ -116,6 +119,17 @@ auto redistribute(X&& t) {
   using x_t = std::remove_cvref_t<X>;
   return redistribute_to<layout_value_of<typename x_t::mesh_type, x_t::dims, Layout>>(
       std::forward<X>(t));
+}
+
+// x at layout L: x itself (a reference, no copy) when it has L already, else x redistributed
+// to L. The one "bring x to layout L" of einsum's operands, the autodiff ops and the layers.
+template <layout_key L, sharded_tensor X>
+decltype(auto) at_layout(const X& x) {
+  if constexpr (X::layout == L) {
+    return (x);
+  } else {
+    return redistribute_to<L>(x);
+  }
 }
 
 // ----- Several tensors at once ------------------------------------------------------------
@@ -307,7 +321,7 @@ auto redistribute_all(X&&... xs) {
 // it communicates, and an upper bound on what it sends for any extents.
 template <sharded_tensor X, class Layout>
 inline constexpr transition_plan redistribute_plan =
-    plan_transition(X::layout, layout_value_of<typename X::mesh_type, X::dims, Layout>);
+    fixed_order_plan(X::layout, layout_value_of<typename X::mesh_type, X::dims, Layout>);
 
 // The plan redistribute<Layout>(x) runs: the cheapest for x's extents and mesh.
 template <class Layout, sharded_tensor X>

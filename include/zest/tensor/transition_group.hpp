@@ -37,7 +37,7 @@
 #include "zest/core/memory.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/shard.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/step.hpp"
 #include "zest/layout/wire.hpp"
 #include "zest/tensor/wire_codec.hpp"
 
@@ -91,17 +91,6 @@ struct moving_shard {
     return std::move(owned);
   }
 };
-
-struct slab {  // the data seen as [outer][extent][inner] around one dim
-  std::size_t outer = 1, extent = 1, inner = 1;
-};
-inline slab slab_around(const shard_extents& ext, std::size_t rank, std::size_t dim) {
-  slab s;
-  for (std::size_t i = 0; i < dim; ++i) s.outer *= ext[i];
-  s.extent = ext[dim];
-  for (std::size_t i = dim + 1; i < rank; ++i) s.inner *= ext[i];
-  return s;
-}
 
 // The element types a quantized wire can carry (it encodes and sums in fp32).
 template <class T>
@@ -163,7 +152,7 @@ class coalesced_step {
           break;
         case step_kind::all_gather: {
           const std::size_t i = sh.dim(s.dim);
-          p.sl = slab_around(sh.local, sh.rank(), i);
+          p.sl = rows_around(sh.local, i, sh.rank());
           p.ranges.resize(n_);
           for (std::size_t c = 0; c < n_; ++c) {
             coords[axis_] = static_cast<int>(c);
@@ -175,10 +164,10 @@ class coalesced_step {
           break;
         }
         case step_kind::reduce_scatter: {
-          p.sl = slab_around(sh.local, sh.rank(), sh.dim(s.dim));
+          p.sl = rows_around(sh.local, sh.dim(s.dim), sh.rank());
           p.ranges.resize(n_);
           for (std::size_t c = 0; c < n_; ++c) {
-            p.ranges[c] = balanced_block(p.sl.extent, n_, c);
+            p.ranges[c] = balanced_block(p.sl.n, n_, c);
             p.send[c] = p.sl.outer * p.ranges[c].size * p.sl.inner;
           }
           p.recv[me_] = p.send[me_];
@@ -189,7 +178,7 @@ class coalesced_step {
           // my block cut to its part of to_dim; I get every rank's block of `dim` cut to mine.
           const std::size_t i = sh.dim(s.dim);
           const std::size_t j = sh.dim(s.to_dim);
-          p.sl = slab_around(sh.local, sh.rank(), j);
+          p.sl = rows_around(sh.local, j, sh.rank());
           p.ranges.resize(n_);       // to_dim's parts
           p.from_ranges.resize(n_);  // dim's blocks
           for (std::size_t c = 0; c < n_; ++c) {
@@ -327,15 +316,15 @@ class coalesced_step {
           auto out_local = sh.local;
           out_local[i] = p.full;
           out_local[j] = p.ranges[me_].size;
-          const auto recv_slab = slab_around(out_local, sh.rank(), i);
+          const auto recv_rows = rows_around(out_local, i, sh.rank());
           std::size_t total = 0;
           for (auto c : p.recv) total += c;
           buffer out(total);
           std::size_t pos = 0;
           for (std::size_t c = 0; c < n_; ++c) {
-            Backend::copy_slices(recv_ptr_ + p.recv_at[c], recv_slab.outer, p.from_ranges[c].size,
+            Backend::copy_slices(recv_ptr_ + p.recv_at[c], recv_rows.outer, p.from_ranges[c].size,
                                  0, out.data(), p.full, pos, p.from_ranges[c].size,
-                                 recv_slab.inner);
+                                 recv_rows.inner);
             pos += p.from_ranges[c].size;
           }
           sh.replace(std::move(out));
@@ -358,7 +347,7 @@ class coalesced_step {
     std::vector<std::size_t> send, recv;        // per rank of the axis
     std::vector<std::size_t> send_at, recv_at;  // offsets in the packed buffers, per rank
     std::vector<block_range> ranges, from_ranges;
-    slab sl;
+    shard_rows sl;
     std::size_t full = 0;  // all_gather, all_to_all: the gathered dim's extent
   };
 
@@ -421,7 +410,7 @@ class coalesced_step {
     recv_size_ = recv_.size();
   }
 
-  // reduce_scatter and all_to_all: each member's part c of its slab (ranges[c]) goes to rank
+  // reduce_scatter and all_to_all: each member's part c of its rows around the dim (ranges[c]) goes to rank
   // c, the parts packed rank-major.
   void pack_parts(std::size_t send_total) {
     send_ = buffer(send_total);
@@ -429,7 +418,7 @@ class coalesced_step {
       const auto& d = members_[k].shard->data;
       const auto& p = per_[k];
       for (std::size_t c = 0; c < n_; ++c) {
-        Backend::copy_slices(d.data(), p.sl.outer, p.sl.extent, p.ranges[c].offset,
+        Backend::copy_slices(d.data(), p.sl.outer, p.sl.n, p.ranges[c].offset,
                              send_.data() + p.send_at[c], p.ranges[c].size, 0, p.ranges[c].size,
                              p.sl.inner);
       }
@@ -691,9 +680,9 @@ class transition_group {
     // slice: my part of the dim.
     const std::size_t i = sh.dim(s.dim);
     const block_range part = balanced_block(sh.local[i], n, me);
-    const auto sl = slab_around(sh.local, sh.rank(), i);
+    const auto sl = rows_around(sh.local, i, sh.rank());
     buffer out(sl.outer * part.size * sl.inner);
-    Backend::copy_slices(sh.data.data(), sl.outer, sl.extent, part.offset, out.data(), part.size, 0,
+    Backend::copy_slices(sh.data.data(), sl.outer, sl.n, part.offset, out.data(), part.size, 0,
                          part.size, sl.inner);
     sh.replace(std::move(out));
     sh.local[i] = part.size;

@@ -9,7 +9,7 @@
 // Nothing here is a ZeRO formula. Memory is, per parameter, the elements this rank holds
 // under each model state's layout (balanced blocks) times that state's element size.
 // Communication is, per parameter and phase, the steps of the cheapest plan for the
-// parameter's extents and the mesh's sizes (plan_transition with a transition_shape), on the
+// parameter's extents and the mesh's sizes (cheapest_plan), on the
 // stage's data axes (as the engine moves a parameter: over them only), priced by
 // the same ring model as explain() and the communicators' counters (detail::step_bytes),
 // so a training run can compare its counters with this plan exactly. The ZeRO paper's
@@ -35,8 +35,10 @@
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
+#include "zest/layout/plan_cache.hpp"
 #include "zest/layout/shard.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/step.hpp"
+#include "zest/layout/step_cost.hpp"
 #include "zest/layout/wire.hpp"
 #include "zest/mesh/mesh_shape.hpp"
 #include "zest/plan/explain.hpp"  // detail::step_bytes, detail::after_step, detail::local_elements

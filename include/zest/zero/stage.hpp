@@ -48,7 +48,7 @@
 //                                                    within dp, DDP across dp_rep
 // Under HSDP the kept gradient is split over dp and replicated over dp_rep, so the gradient
 // collective is a reduce-scatter over dp and an all-reduce over dp_rep of the shard (the
-// cheapest plan over the data axes: zest/layout/transition.hpp); the stored parameters'
+// cheapest plan over the data axes: zest/layout/cheapest_plan.hpp); the stored parameters'
 // all-gathers stay within dp. Per step and rank, with N the shard axes' ranks and R the
 // replica axes': the shard axes carry zero_formula's elements for N, the replica axes
 // 2 Psi/N (R-1)/R (hsdp_formula in zest/zero/planner.hpp).
@@ -76,7 +76,7 @@
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/placement.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/step_cost.hpp"
 #include "zest/layout/wire.hpp"
 
 namespace zest {
@@ -149,7 +149,7 @@ constexpr std::string_view name_of(zero_phase p) {
   return "?";
 }
 
-// One phase as a transition; plan_transition(from, to) gives its collectives, `wire` how
+// One phase as a transition; fixed_order_plan(from, to) gives its collectives, `wire` how
 // they travel.
 struct zero_transfer {
   zero_phase phase = zero_phase::forward_gather;

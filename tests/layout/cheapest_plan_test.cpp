@@ -1,4 +1,4 @@
-// The costed planner (plan_transition with a transition_shape) against an independent
+// The costed planner (cheapest_plan) against an independent
 // exhaustive search: for every pair of valid layouts of 2- and 3-dim tensors on meshes of
 // 1, 2 and 3 axes (and a sample on 4 axes), even and uneven extents, the planner's plan is
 // a valid sequence of single-axis steps that ends at the target, and no sequence of steps
@@ -21,8 +21,11 @@
 #include <string_view>
 #include <vector>
 
+#include "zest/layout/cheapest_plan.hpp"
+#include "zest/layout/fixed_order_plan.hpp"
 #include "zest/layout/layout.hpp"
-#include "zest/layout/transition.hpp"
+#include "zest/layout/step.hpp"
+#include "zest/layout/step_cost.hpp"
 #include "zest/mesh/mesh.hpp"
 
 namespace {
@@ -36,8 +39,8 @@ constexpr layout_value from_bm =
 constexpr layout_value to_bm = layout_value_of<mesh_t, "bm", layout<split<'m', "dp">>>;
 constexpr transition_shape shape_bm = make_transition_shape(
     std::string_view("bm"), std::array<std::size_t, 2>{4, 12}, std::array<int, 2>{2, 2});
-constexpr transition_plan fixed_bm = plan_transition(from_bm, to_bm);
-constexpr transition_plan cheap_bm = plan_transition(from_bm, to_bm, shape_bm);  // at compile time
+constexpr transition_plan fixed_bm = fixed_order_plan(from_bm, to_bm);
+constexpr transition_plan cheap_bm = cheapest_plan(from_bm, to_bm, shape_bm);  // at compile time
 // Fixed order: all_gather over tp 48 B, all_gather over dp 96 B, slice: 144 B per rank.
 static_assert(fixed_bm.size() == 3 && fixed_bm.collectives() == 2);
 static_assert(cost_of(fixed_bm, from_bm, shape_bm).elements * sizeof(float) == 144);
@@ -47,9 +50,9 @@ static_assert(cheap_bm[0] == transition_step{step_kind::all_gather, 1, 'm', 0});
 static_assert(cheap_bm[1] == transition_step{step_kind::all_to_all, 0, 'b', 'm'});
 static_assert(cost_of(cheap_bm, from_bm, shape_bm).elements * sizeof(float) == 96);
 // A plan that sends nothing stays the fixed one, and so does one that is already cheapest.
-static_assert(plan_transition(to_bm, to_bm, shape_bm).size() == 0);
-static_assert(plan_transition(layout_value_of<mesh_t, "bm", layout<split<'m', "dp">>>,
-                              layout_value_of<mesh_t, "bm", layout<>>, shape_bm)
+static_assert(cheapest_plan(to_bm, to_bm, shape_bm).size() == 0);
+static_assert(cheapest_plan(layout_value_of<mesh_t, "bm", layout<split<'m', "dp">>>,
+                            layout_value_of<mesh_t, "bm", layout<>>, shape_bm)
                   .collectives() == 1);
 
 // --- an independent model of layouts and steps ----------------------------------------
@@ -354,8 +357,8 @@ void check_setting(const setting& st, tally& t, std::size_t source_stride = 1,
       const layout_value& from = g.layouts[i];
       const layout_value& to = g.layouts[j];
       ++t.pairs;
-      const transition_plan plan = plan_transition(from, to, sh);
-      const transition_plan fixed = plan_transition(from, to);
+      const transition_plan plan = cheapest_plan(from, to, sh);
+      const transition_plan fixed = fixed_order_plan(from, to);
       price got{}, old{};
       const bool ok = replay(plan, from, to, st, sh, got) && replay(fixed, from, to, st, sh, old);
       const transition_cost claimed = cost_of(plan, from, sh);
@@ -398,7 +401,7 @@ double since(std::chrono::steady_clock::time_point t0) {
 TEST_CASE("the hand case: 144 B in the fixed order, 96 B planned") {
   CHECK(cost_of(fixed_bm, from_bm, shape_bm).elements * sizeof(float) == 144);
   CHECK(cost_of(cheap_bm, from_bm, shape_bm).elements * sizeof(float) == 96);
-  const transition_plan run_time = plan_transition(from_bm, to_bm, shape_bm);
+  const transition_plan run_time = cheapest_plan(from_bm, to_bm, shape_bm);
   REQUIRE(run_time.size() == 2);
   CHECK(to_string(run_time[0], mesh_t::axis_names) == "all_gather over tp (dim m)");
   CHECK(to_string(run_time[1], mesh_t::axis_names) == "all_to_all over dp (dim b -> m)");
@@ -415,8 +418,8 @@ TEST_CASE("two more cheaper plans on a 2x2 mesh, with their figures") {
     const layout_value to = layout_value_of<mesh_t, "abc", L1>;
     const auto sh =
         make_transition_shape(std::string_view("abc"), std::array<std::size_t, 3>{4, 4, 4}, sizes);
-    const transition_plan p = plan_transition(from, to, sh);
-    CHECK(cost_of(plan_transition(from, to), from, sh).elements == 16);
+    const transition_plan p = cheapest_plan(from, to, sh);
+    CHECK(cost_of(fixed_order_plan(from, to), from, sh).elements == 16);
     CHECK(cost_of(p, from, sh).elements == 8);
     REQUIRE(p.size() == 2);
     CHECK(p[0] == transition_step{step_kind::slice, 1, 'c', 0});
@@ -429,8 +432,8 @@ TEST_CASE("two more cheaper plans on a 2x2 mesh, with their figures") {
     const layout_value to = layout_value_of<mesh_t, "ab", layout<>>;
     const auto sh =
         make_transition_shape(std::string_view("ab"), std::array<std::size_t, 2>{4, 4}, sizes);
-    const transition_plan p = plan_transition(from, to, sh);
-    CHECK(cost_of(plan_transition(from, to), from, sh).elements == 32);
+    const transition_plan p = cheapest_plan(from, to, sh);
+    CHECK(cost_of(fixed_order_plan(from, to), from, sh).elements == 32);
     CHECK(cost_of(p, from, sh).elements == 24);
     REQUIRE(p.size() == 3);
     CHECK(p[0] == transition_step{step_kind::reduce_scatter, 0, 'a', 0});
@@ -446,10 +449,10 @@ TEST_CASE("the axes mask keeps the search on the named axes") {
   const auto sh = make_transition_shape(std::string_view("ab"), std::array<std::size_t, 2>{4, 6},
                                         std::array<int, 2>{4, 2});
   // Through tp's ranks it is cheaper (slice b over tp, reduce-scatter, gather over tp) ...
-  const transition_plan any = plan_transition(from, to, sh);
+  const transition_plan any = cheapest_plan(from, to, sh);
   CHECK(any.collectives() == 2);
   // ... but on dp alone it is the one reduce-scatter.
-  const transition_plan dp_only = plan_transition(from, to, sh, 1U);
+  const transition_plan dp_only = cheapest_plan(from, to, sh, 1U);
   REQUIRE(dp_only.size() == 1);
   CHECK(dp_only[0] == transition_step{step_kind::reduce_scatter, 0, 'a', 0});
   CHECK(cost_of(any, from, sh).elements < cost_of(dp_only, from, sh).elements);
