@@ -317,7 +317,7 @@ class llama {
     embed_scope.emplace(*engine_, t, embed_group_);
     // The table is split over the vocabulary on tp: every tp rank looks up all the ids, and
     // the pending rows are reduced into the stream's layout, the ids' own.
-    auto x = zest::in_layout<zest::layout_like<Ids>>(
+    auto x = zest::autodiff::redistribute<zest::layout_like<Ids>>(
         wte_.template lookup<"btm">(zest::redistribute<zest::tp_region_input<Ids>>(ids)));
     if (!options_.tied_head) embed_scope.reset();
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
