@@ -177,22 +177,23 @@ class grouped_query_attention {
   template <zest::sharded_tensor X>
   auto operator()(const zest::autodiff::variable<X>& x) const {
     namespace ad = zest::autodiff;
-    const auto whole = zest::whole_on_tp(x);
+    const auto whole = zest::whole_on_tp<P>(x);
     // Ulysses (a mesh with "sp"): from the sequence split to a kv-heads split, and back.
-    auto q = zest::across_sp<'t', 'k'>(ad::rope<'t', 'd'>(q_(whole), rope_));
-    auto k = ad::relabel<"bksd">(zest::across_sp<'t', 'k'>(ad::rope<'t', 'd'>(k_(whole), rope_)));
-    auto v = ad::relabel<"bkse">(zest::across_sp<'t', 'k'>(v_(whole)));
+    auto q = zest::across_sp<P, 't', 'k'>(ad::rope<'t', 'd'>(q_(whole), rope_));
+    auto k =
+        ad::relabel<"bksd">(zest::across_sp<P, 't', 'k'>(ad::rope<'t', 'd'>(k_(whole), rope_)));
+    auto v = ad::relabel<"bkse">(zest::across_sp<P, 't', 'k'>(v_(whole)));
     // Recomputed in backward under recomputation::selective (the scores and probabilities).
     auto core = [](const auto& q, const auto& k, const auto& v) {
       return ad::scaled_dot_product_attention<"bkgtd,bksd,bkse->bkgte">(q, k, v);
     };
-    return o_.template into<zest::layout_like<X>>(zest::across_sp<'k', 't'>(
+    return o_.template into<zest::layout_like<X>>(zest::across_sp<P, 'k', 't'>(
         ad::checkpoint_if(engine_->recompute() == zest::recomputation::selective, core, q, k, v)));
   }
 
  private:
   const zest::zero_engine<P>* engine_;
-  using kv_heads_split = zest::split_over_tp<typename P::mesh_type, 'k'>;
+  using kv_heads_split = zest::split_over_tp<P, 'k'>;
   zest::autodiff::rope_options rope_;
   zest::linear<P, "btm,mkgd->bkgtd", "mkgd", "", kv_heads_split> q_;
   zest::linear<P, "btm,mkd->bktd", "mkd", "", kv_heads_split> k_, v_;
@@ -212,13 +213,13 @@ class swiglu {
   // x "btm"; the result has x's layout.
   template <zest::sharded_tensor X>
   auto operator()(const zest::autodiff::variable<X>& x) const {
-    const auto whole = zest::whole_on_tp(x);
+    const auto whole = zest::whole_on_tp<P>(x);
     return down_.template into<zest::layout_like<X>>(zest::autodiff::silu(gate_(whole)) *
                                                      up_(whole));
   }
 
  private:
-  using hidden_split = zest::split_over_tp<typename P::mesh_type, 'h'>;
+  using hidden_split = zest::split_over_tp<P, 'h'>;
   zest::linear<P, "btm,mh->bth", "mh", "", hidden_split> gate_, up_;
   zest::linear<P, "bth,hm->btm", "hm", "", hidden_split> down_;
 };
@@ -318,17 +319,17 @@ class llama {
     // The table is split over the vocabulary on tp: every tp rank looks up all the ids, and
     // the pending rows are reduced into the stream's layout, the ids' own.
     auto x = zest::autodiff::redistribute<zest::layout_like<Ids>>(
-        wte_.template lookup<"btm">(zest::redistribute<zest::tp_region_input<Ids>>(ids)));
+        wte_.template lookup<"btm">(zest::redistribute<zest::tp_region_input<P, Ids>>(ids)));
     if (!options_.tied_head) embed_scope.reset();
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       x = (*blocks_[l])(t, x, zest::splitmix64(seed ^ (0x100 + l)));
     }
     if (options_.tied_head) {  // logits split(v:tp)
-      return zest::autodiff::einsum<"btm,vm->btv">(zest::whole_on_tp((*norm_f_)(x)),
+      return zest::autodiff::einsum<"btm,vm->btv">(zest::whole_on_tp<P>((*norm_f_)(x)),
                                                    wte_.table().value());
     }
     auto head_scope = engine_->use(t, head_group_);
-    return (*lm_head_)(zest::whole_on_tp((*norm_f_)(x)));  // logits split(v:tp)
+    return (*lm_head_)(zest::whole_on_tp<P>((*norm_f_)(x)));  // logits split(v:tp)
   }
 
   // Mean cross-entropy of predicting `targets` from `inputs`: a scalar, partial over the
@@ -352,12 +353,11 @@ class llama {
   zest::zero_engine<P>* engine_;
   llama_options options_;
   std::size_t embed_group_;
-  zest::embedding_layer<P, zest::split_over_tp<mesh_t, 'v'>> wte_;
+  zest::embedding_layer<P, zest::split_over_tp<P, 'v'>> wte_;
   std::vector<std::unique_ptr<llama_block<P>>> blocks_;
   std::size_t head_group_ = 0;
   std::optional<rms_norm_layer<P>> norm_f_;
-  std::optional<zest::linear<P, "btm,mv->btv", "mv", "", zest::split_over_tp<mesh_t, 'v'>>>
-      lm_head_;
+  std::optional<zest::linear<P, "btm,mv->btv", "mv", "", zest::split_over_tp<P, 'v'>>> lm_head_;
 };
 
 }  // namespace llama_example

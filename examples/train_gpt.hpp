@@ -56,9 +56,9 @@ namespace train_gpt_example {
 // over them (tp nested inside sp), so the models run Ulysses' attention over sp and
 // Megatron's sequence parallelism between their tensor-parallel regions over tp
 // (zest/nn/tensor_parallel.hpp); an axis of one rank moves nothing.
-template <class Mesh>
+template <class P>
 using token_layout = std::conditional_t<
-    zest::has_tensor_axis<Mesh>,
+    P::has_tensor_axis,
     zest::layout<zest::split<'b', "node", "dp", "ep">, zest::split<'t', "sp", "tp">>,
     zest::layout<zest::split<'b', "node", "dp", "ep">>>;
 
@@ -369,7 +369,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   std::int64_t trained = 0;
   for (; step < f.steps; ++step) {
     const auto [inputs, targets] =
-        sampler.template batch<token_layout<mesh_t>>(mesh, static_cast<std::size_t>(step));
+        sampler.template batch<token_layout<P>>(mesh, static_cast<std::size_t>(step));
     const auto r = zest::train_step(engine, model, inputs, targets, schedule(step),
                                     zest::splitmix64(f.seed ^ static_cast<std::uint64_t>(step)));
     last_loss = r.loss;
@@ -441,7 +441,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     for (std::int64_t k = 0; k < f.sample; ++k) {
       const std::size_t len = std::min(ids.size(), f.context);
       const std::span<const std::int32_t> window(ids.data() + ids.size() - len, len);
-      using ids_t = zest::tensor<std::int32_t, mesh_t, "bt", token_layout<mesh_t>>;
+      using ids_t = zest::tensor<std::int32_t, mesh_t, "bt", token_layout<P>>;
       const auto in =
           ids_t::generate(mesh, {rows, len}, [&](const auto& i) { return window[i[1]]; });
       zest::autodiff::tape t;

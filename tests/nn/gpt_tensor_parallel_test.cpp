@@ -61,6 +61,46 @@ TEST_CASE("gpt, tensor and sequence parallel: N ranks train like one rank") {
   for (const auto& shape : mesh_shapes()) check_like_one_rank<sequence_parallel>(shape);
 }
 
+// The axes' roles come from the policy, not from their names: the same model on
+// mesh<"data", "model"> with axis_roles<"model", "", ""> trains exactly as on mesh<"dp", "tp">,
+// holds the same blocks of every parameter, and moves the same bytes over "model" as over "tp".
+TEST_CASE("gpt, tensor parallel over an axis the policy names: like \"tp\" by convention") {
+  using named_mesh = mesh<"data", "model">;
+  using named =
+      training_policy<named_mesh, zero_stage<3, "data">, float, axis_roles<"model", "", "">>;
+  using unnamed = training_policy<named_mesh, zero_stage<3, "data">, float, axis_roles<"", "", "">>;
+  static_assert(named::tensor_axis == 1 && !named::has_sequence_axis && !named::has_expert_axis);
+  static_assert(!unnamed::has_tensor_axis && policy::tensor_axis == 1);
+  using tokens = layout<split<'b', "data">>;
+  for (const auto& shape : mesh_shapes()) {
+    const tp_mesh conventional_mesh(MPI_COMM_WORLD, shape);
+    const named_mesh mesh(MPI_COMM_WORLD, shape);
+    CAPTURE(mesh.describe());
+    zero_engine<policy> conventional_engine(conventional_mesh, {.seed = 5});
+    const gpt<policy> conventional_model(conventional_engine, small_gpt());
+    const auto tp_before = conventional_mesh.axis(1).stats();
+    const auto conventional =
+        train_steps<tensor_parallel>(conventional_engine, conventional_model, 0, 6);
+    const auto tp_bytes = (conventional_mesh.axis(1).stats() - tp_before).bytes_sent();
+
+    zero_engine<named> engine(mesh, {.seed = 5});
+    const gpt<named> model(engine, small_gpt());
+    const auto model_before = mesh.axis(1).stats();
+    const auto losses = train_steps<tokens>(engine, model, 0, 6);
+    CHECK((mesh.axis(1).stats() - model_before).bytes_sent() == tp_bytes);
+    check_same_losses(losses, conventional);
+    check_same_parameters(parameter_values(engine), parameter_values(conventional_engine));
+    const auto ours = engine.parameters();
+    const auto theirs = conventional_engine.parameters();
+    REQUIRE(ours.size() == theirs.size());
+    for (std::size_t k = 0; k < ours.size(); ++k) {
+      CAPTURE(ours[k]->name());
+      CHECK(ours[k]->compute_elements() == theirs[k]->compute_elements());
+    }
+    if (shape[1] > 1) CHECK(tp_bytes > 0);
+  }
+}
+
 // The bytes of one step per mesh axis, by collective.
 template <class Tokens>
 comm_stats tp_traffic(const tp_mesh& mesh) {

@@ -144,8 +144,8 @@ autodiff::variable<Y> conform(autodiff::variable<X> x) {
 }
 }  // namespace detail
 
-template <training_policy_type P, fixed_string ExpertAxis = "ep", std::size_t Experts = 0,
-          std::size_t ExpertAxisSize = 0>
+template <training_policy_type P, fixed_string ExpertAxis = P::roles::expert,
+          std::size_t Experts = 0, std::size_t ExpertAxisSize = 0>
 class moe_layer {
   using mesh_t = typename P::mesh_type;
   static_assert(detail::check_layer<mesh_t, ExpertAxis, P::data_mask, Experts, ExpertAxisSize>());

@@ -49,12 +49,12 @@ class causal_self_attention {
   template <sharded_tensor X>
   auto operator()(const autodiff::variable<X>& x) const {
     using T = typename X::value_type;
-    const auto whole = whole_on_tp(x);
+    const auto whole = whole_on_tp<P>(x);
     // Ulysses (a mesh with "sp"): from the sequence split to a heads split, and back.
-    auto q = autodiff::scale(across_sp<'t', 'n'>(q_(whole)),
+    auto q = autodiff::scale(across_sp<P, 't', 'n'>(q_(whole)),
                              static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim_))));
-    auto k = relabel<"bsnd">(across_sp<'t', 'n'>(k_(whole)));
-    auto v = relabel<"bsnd">(across_sp<'t', 'n'>(v_(whole)));
+    auto k = relabel<"bsnd">(across_sp<P, 't', 'n'>(k_(whole)));
+    auto v = relabel<"bsnd">(across_sp<P, 't', 'n'>(v_(whole)));
     // The core, recomputed in backward under recomputation::selective (its b n t s tensors
     // are the largest activations and the cheapest to rebuild).
     auto core = [](const auto& q, const auto& k, const auto& v) {
@@ -62,7 +62,7 @@ class causal_self_attention {
       auto p = autodiff::causal_softmax<'t', 's'>(scores);
       return autodiff::einsum<"bnts,bsnd->btnd">(p, v);
     };
-    auto ctx = across_sp<'n', 't'>(
+    auto ctx = across_sp<P, 'n', 't'>(
         autodiff::checkpoint_if(engine_->recompute() == recomputation::selective, core, q, k, v));
     return o_.template into<layout_like<X>>(ctx);
   }
@@ -80,7 +80,7 @@ class causal_self_attention {
 
   const zero_engine<P>* engine_;
   std::size_t heads_, head_dim_;
-  using heads_split = split_over_tp<typename P::mesh_type, 'n'>;
+  using heads_split = split_over_tp<P, 'n'>;
   linear<P, "btm,mnd->btnd", "mnd", "nd", heads_split, heads_split> q_, k_, v_;
   linear<P, "btnd,ndm->btm", "ndm", "m", heads_split> o_;
 };

@@ -38,8 +38,6 @@ struct block_options {
 };
 
 namespace detail {
-template <class Mesh>
-inline constexpr bool has_expert_axis = axis_index_of<Mesh>("ep") < Mesh::axis_count;
 struct no_expert_layer {};
 }  // namespace detail
 
@@ -54,7 +52,7 @@ class transformer_block {
         ln2_(engine, name + ".ln_2", o.width),
         dropout_(o.dropout) {
     if (o.moe) {
-      if constexpr (detail::has_expert_axis<mesh_t>) {
+      if constexpr (P::has_expert_axis) {
         moe_.emplace(engine, name + ".moe", o.width, o.hidden, o.experts, o.gating, true, true,
                      o.residual_std);
       } else {
@@ -89,32 +87,30 @@ class transformer_block {
 
   std::size_t group() const { return group_; }
   bool is_moe() const {
-    if constexpr (detail::has_expert_axis<mesh_t>) {
+    if constexpr (P::has_expert_axis) {
       return moe_.has_value();
     } else {
       return false;
     }
   }
   // The expert layer (is_moe() only): its aux loss and statistics of the last forward.
-  const auto& expert_layer() const requires detail::has_expert_axis<typename P::mesh_type> {
-    return *moe_;
-  }
-  auto& expert_layer() requires detail::has_expert_axis<typename P::mesh_type> { return *moe_; }
+  const auto& expert_layer() const requires P::has_expert_axis { return *moe_; }
+  auto& expert_layer() requires P::has_expert_axis { return *moe_; }
 
  private:
   using mesh_t = typename P::mesh_type;
-  using expert_layer_t = std::conditional_t<detail::has_expert_axis<mesh_t>, moe::moe_layer<P>,
-                                            detail::no_expert_layer>;
+  using expert_layer_t =
+      std::conditional_t<P::has_expert_axis, moe::moe_layer<P>, detail::no_expert_layer>;
 
   template <sharded_tensor X>
   autodiff::variable<X> feed_forward(const autodiff::variable<X>& x, std::uint64_t seed) const {
-    if constexpr (detail::has_expert_axis<mesh_t>) {
+    if constexpr (P::has_expert_axis) {
       // The experts see whole sequences on "tp" and "sp" (each of their ranks the same); the
       // result goes back into x's layout (a slice where the stream is split on the sequence:
       // no collective).
       if (moe_) {
         return autodiff::redistribute<layout_like<X>>(
-            (*moe_)(autodiff::redistribute<sequence_whole<X>>(x), splitmix64(seed + 2)));
+            (*moe_)(autodiff::redistribute<sequence_whole<P, X>>(x), splitmix64(seed + 2)));
       }
     }
     return (*mlp_)(x);

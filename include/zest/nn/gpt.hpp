@@ -165,7 +165,7 @@ class gpt {
       // The table is split over the vocabulary on tp: every tp rank looks up all the ids, and
       // the pending rows are reduced into the stream's layout, the ids' own.
       auto tok = autodiff::redistribute<layout_like<Ids>>(
-          wte_.template lookup<"btm">(zest::redistribute<tp_region_input<Ids>>(ids)));
+          wte_.template lookup<"btm">(zest::redistribute<tp_region_input<P, Ids>>(ids)));
       auto pos = wpe_.template lookup<"tm">(positions);
       return autodiff::broadcast_add(tok, pos);
     }();
@@ -173,7 +173,7 @@ class gpt {
       x = (*blocks_[l])(t, x, splitmix64(seed ^ (0x100 + l)));
     }
     auto in_scope = engine_->use(t, head_group_);
-    return (*lm_head_)(whole_on_tp((*ln_f_)(x)));  // logits split(v:tp)
+    return (*lm_head_)(whole_on_tp<P>((*ln_f_)(x)));  // logits split(v:tp)
   }
 
   // Mean cross-entropy of predicting `targets` from `inputs` (plus the weighted auxiliary
@@ -182,7 +182,7 @@ class gpt {
   auto loss(autodiff::tape& t, const Ids& inputs, const Targets& targets,
             std::uint64_t seed = 0) const {
     auto nll = autodiff::cross_entropy<'v'>(logits(t, inputs, seed), targets);
-    if constexpr (detail::has_expert_axis<mesh_t>) {
+    if constexpr (P::has_expert_axis) {
       // In the expert layers' scalar layout, pending on every axis (where the loss is
       // replicated, over tp, a local step: one rank keeps it), so that their losses add.
       using scalar_layout = layout_like<typename moe::moe_layer<P>::scalar_variable>;
@@ -227,7 +227,7 @@ class gpt {
   };
   moe_report last_moe_report() const {
     moe_report r;
-    if constexpr (detail::has_expert_axis<mesh_t>) {
+    if constexpr (P::has_expert_axis) {
       r.nll = last_nll_;
       const double layers = static_cast<double>(std::max<std::size_t>(moe_layer_count(), 1));
       // Per expert, then dropped, assignments, aux and z: one reduction for all. The aux and
@@ -249,13 +249,12 @@ class gpt {
           counts[2 * E + 4 + e] += static_cast<double>(s.dropped_per_expert[e]);
         }
       }
-      // The batch is split over every axis but "tp" and "sp" (each token on one rank of the
+      // The batch is split over every axis but tp and sp (each token on one rank of the
       // others, and on every rank of those): a plain sum, the counts divided by those axes'
       // sizes (the aux and z scalars are summands already: one rank of them holds each).
       engine_->mesh().world().all_reduce(std::span<double>(counts), reduce_op::sum);
       double copies = 1;
-      for (const char* axis : {"tp", "sp"}) {
-        const std::size_t a = zest::detail::axis_index_of<mesh_t>(axis);
+      for (const std::size_t a : {P::tensor_axis, P::sequence_axis}) {
         if (a < mesh_t::axis_count) copies *= static_cast<double>(engine_->mesh().size(a));
       }
       for (std::size_t i = 0; i < counts.size(); ++i) {
@@ -281,14 +280,14 @@ class gpt {
   // a collective). The biases are state: routing_biases() to save, set_routing_biases() to
   // restore (one list per expert layer, in block order).
   void update_routing_bias() {
-    if constexpr (detail::has_expert_axis<mesh_t>) {
+    if constexpr (P::has_expert_axis) {
       for (auto& b : blocks_)
         if (b->is_moe()) b->expert_layer().update_routing_bias();
     }
   }
   std::vector<std::vector<double>> routing_biases() const {
     std::vector<std::vector<double>> out;
-    if constexpr (detail::has_expert_axis<mesh_t>) {
+    if constexpr (P::has_expert_axis) {
       for (const auto& b : blocks_)
         if (b->is_moe()) out.push_back(b->expert_layer().routing_bias());
     }
@@ -299,7 +298,7 @@ class gpt {
       throw shape_error(detail::message("zest gpt: set_routing_biases: ", biases.size(),
                                         " lists for ", moe_layer_count(), " expert layers"));
     }
-    if constexpr (detail::has_expert_axis<mesh_t>) {
+    if constexpr (P::has_expert_axis) {
       std::size_t i = 0;
       for (auto& b : blocks_)
         if (b->is_moe()) b->expert_layer().set_routing_bias(biases[i++]);
@@ -320,12 +319,12 @@ class gpt {
   zero_engine<P>* engine_;
   gpt_options options_;
   std::size_t embed_group_;
-  embedding_layer<P, split_over_tp<mesh_t, 'v'>> wte_;
+  embedding_layer<P, split_over_tp<P, 'v'>> wte_;
   embedding_layer<P> wpe_;
   std::vector<std::unique_ptr<transformer_block<P>>> blocks_;
   std::size_t head_group_ = 0;
   std::optional<layer_norm_layer<P>> ln_f_;
-  std::optional<linear<P, "btm,mv->btv", "mv", "", split_over_tp<mesh_t, 'v'>>> lm_head_;
+  std::optional<linear<P, "btm,mv->btv", "mv", "", split_over_tp<P, 'v'>>> lm_head_;
   mutable double last_nll_ = 0;
 };
 

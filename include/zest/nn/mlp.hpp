@@ -23,12 +23,12 @@ class mlp {
   // x "btm"; the result has x's layout.
   template <sharded_tensor X>
   auto operator()(const autodiff::variable<X>& x) const {
-    const auto whole = whole_on_tp(x);
+    const auto whole = whole_on_tp<P>(x);
     return proj_.template into<layout_like<X>>(autodiff::gelu(fc_(whole)));
   }
 
  private:
-  using hidden_split = split_over_tp<typename P::mesh_type, 'h'>;
+  using hidden_split = split_over_tp<P, 'h'>;
   linear<P, "btm,mh->bth", "mh", "h", hidden_split, hidden_split> fc_;
   linear<P, "bth,hm->btm", "hm", "m", hidden_split> proj_;
 };
