@@ -46,7 +46,7 @@ using mesh_t = zest::mesh<"dp", "tp">;
 
 // X's layout written back as a layout type, e.g. layout<split<'b', "dp">>.
 template <class X>
-using layout_of = typename ad::layout_type_for<typename X::mesh_type, X::layout>::type;
+using layout_of = typename zest::layout_type_for<typename X::mesh_type, X::layout>::type;
 
 // ---- The layer: a user's class, templated on the training policy like zest's layers ------
 template <zest::training_policy_type P>

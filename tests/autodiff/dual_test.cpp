@@ -35,13 +35,13 @@ static_assert(
 // A layout value written back as a layout type round-trips.
 template <fixed_string Dims, class L>
 constexpr bool round_trips =
-    layout_value_of<mesh_t, Dims, typename autodiff::layout_type_for<mesh_t, lv<Dims, L>>::type> ==
+    layout_value_of<mesh_t, Dims, typename layout_type_for<mesh_t, lv<Dims, L>>::type> ==
     lv<Dims, L>;
 static_assert(round_trips<"mh", layout<>>);
 static_assert(round_trips<"mh", layout<partial<"tp">, split<'m', "dp">>>);
 static_assert(round_trips<"mh", layout<split<'h', "tp", "dp">>>);
 static_assert(round_trips<"bsh", layout<split<'b', "tp">, partial<"dp">>>);
-static_assert(std::is_same_v<autodiff::layout_type_of<mesh_t, lv<"mh", layout<split<'m', "dp">>>>,
+static_assert(std::is_same_v<layout_type_of<mesh_t, lv<"mh", layout<split<'m', "dp">>>>,
                              layout<split<'m', "dp">>>);
 
 // Gradient einsum specs.
@@ -73,7 +73,7 @@ using dy_dp = autodiff::dual_tensor<tensor<double, mesh_t, "bsh", layout<split<'
 constexpr einsum_plan dw =
     einsum_plan_of<autodiff::einsum_gradient<"bsm,mh->bsh", 1>::spec,
                    autodiff::backward_policy<gather_weights>,
-                   autodiff::layout_type_of<mesh_t, dual(w_zero::layout)>, x_dp, dy_dp>;
+                   layout_type_of<mesh_t, dual(w_zero::layout)>, x_dp, dy_dp>;
 static_assert(dw.input_collectives() == 0);
 static_assert(dw.output_steps.collectives() == 1 &&
               dw.output_steps[0].kind == step_kind::reduce_scatter);

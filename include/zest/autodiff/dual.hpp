@@ -23,6 +23,7 @@
 
 #include "zest/core/fixed_string.hpp"
 #include "zest/layout/layout.hpp"
+#include "zest/layout/layout_of.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/tensor/tensor.hpp"
 
@@ -71,62 +72,4 @@ constexpr layout_value without_shared_partials(const layout_value& v, const layo
   }
   return out;
 }
-
-// ---------------------------------------------------------------------------------------
-// A layout value written back as a layout type, for APIs that take one (einsum's forced
-// output layout): layout_type_of<Mesh, v> is zest::layout<placements...>, one placement per
-// non-replicated axis, a split over several axes written once with its axes major first.
-namespace detail {
-
-template <class Mesh, std::size_t Axis>
-constexpr auto axis_name() {
-  constexpr std::string_view name = Mesh::axis_names[Axis];
-  fixed_string<name.size() + 1> out;
-  for (std::size_t i = 0; i < name.size(); ++i) out.set(i, name[i]);
-  return out;
-}
-
-template <class Mesh, layout_key L, char Dim, std::size_t... K>
-constexpr auto split_of(std::index_sequence<K...>)
-    -> split<Dim, axis_name<Mesh, to_layout(L).split_axis(Dim, K)>()...>;
-
-// The placements that mesh axis A contributes: none for replicate and for the inner axes
-// of a nested split (they are written with the split's first axis).
-template <class Mesh, layout_key L, std::size_t A>
-constexpr auto placements_of_axis() {
-  constexpr layout_value v = to_layout(L);
-  constexpr axis_placement p = v.axes[A];
-  if constexpr (p.kind == placement_kind::partial) {
-    return std::tuple<partial<axis_name<Mesh, A>()>>{};
-  } else if constexpr (p.kind == placement_kind::split && p.order == 0) {
-    return std::tuple<decltype(split_of<Mesh, L, p.dim>(
-        std::make_index_sequence<v.split_count(p.dim)>{}))>{};
-  } else {
-    return std::tuple<>{};
-  }
-}
-
-template <class Tuple>
-struct layout_from_tuple;
-template <class... P>
-struct layout_from_tuple<std::tuple<P...>> {
-  using type = layout<P...>;
-};
-
-template <class Mesh, layout_key L, std::size_t... A>
-auto layout_type_of(std::index_sequence<A...>) ->
-    typename layout_from_tuple<decltype(std::tuple_cat(placements_of_axis<Mesh, L, A>()...))>::type;
-
-}  // namespace detail
-
-// layout_type_for<Mesh, L>::type, or the alias layout_type_of<Mesh, L> where L is not
-// dependent (g++ 12 crashes on aliases given a dependent class-type argument).
-template <class Mesh, layout_key L>
-struct layout_type_for {
-  using type =
-      decltype(detail::layout_type_of<Mesh, L>(std::make_index_sequence<Mesh::axis_count>{}));
-};
-template <class Mesh, layout_key L>
-using layout_type_of = typename layout_type_for<Mesh, L>::type;
-
 }  // namespace zest::autodiff

@@ -143,31 +143,45 @@ constexpr layout_value replicated_layout(std::size_t n) {
   return v;
 }
 
+namespace detail {
+// The layout's text, "split(b:dp) partial(tp)" ("replicate" when nothing is placed), written
+// through `out(std::string_view)`: the one writer, at run time (to_string) and at compile time
+// (layout_text_v, zest/layout/layout_of.hpp).
+template <class Names, class Out>
+constexpr void write_layout_text(const layout_value& v, const Names& names, Out&& out) {
+  bool any = false;
+  for (std::size_t a = 0; a < v.axis_count; ++a) {
+    const axis_placement& p = v.axes[a];
+    if (p.kind == placement_kind::replicate) continue;
+    if (p.kind == placement_kind::split && p.order != 0) continue;
+    if (any) out(std::string_view(" "));
+    any = true;
+    if (p.kind == placement_kind::partial) {
+      out(std::string_view("partial("));
+      out(std::string_view(names[a]));
+      out(std::string_view(")"));
+      continue;
+    }
+    const char dim[2] = {p.dim, '\0'};
+    out(std::string_view("split("));
+    out(std::string_view(dim, 1));
+    out(std::string_view(":"));
+    for (std::size_t k = 0; k < v.split_count(p.dim); ++k) {
+      if (k) out(std::string_view(","));
+      out(std::string_view(names[v.split_axis(p.dim, k)]));
+    }
+    out(std::string_view(")"));
+  }
+  if (!any) out(std::string_view("replicate"));
+}
+}  // namespace detail
+
 // "split(b:dp) partial(tp)" — human-readable, for plans and error messages.
 template <class AxisNames>
 std::string to_string(const layout_value& v, const AxisNames& names) {
   std::string out;
-  for (std::size_t d = 0; d < v.axis_count; ++d) {
-    const auto& p = v.axes[d];
-    if (p.kind == placement_kind::replicate) continue;
-    if (p.kind == placement_kind::split && p.order != 0) continue;  // printed with its first axis
-    if (!out.empty()) out += ' ';
-    if (p.kind == placement_kind::partial) {
-      out += "partial(";
-      out += names[d];
-      out += ')';
-      continue;
-    }
-    out += "split(";
-    out += p.dim;
-    out += ':';
-    for (std::size_t k = 0; k < v.split_count(p.dim); ++k) {
-      if (k) out += ',';
-      out += names[v.split_axis(p.dim, k)];
-    }
-    out += ')';
-  }
-  return out.empty() ? std::string("replicate") : out;
+  detail::write_layout_text(v, names, [&](std::string_view s) { out += s; });
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------

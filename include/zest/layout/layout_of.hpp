@@ -39,6 +39,7 @@
 #include <array>
 #include <cstddef>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -47,6 +48,63 @@
 #include "zest/layout/placement.hpp"
 
 namespace zest {
+
+// ---------------------------------------------------------------------------------------
+// A layout value written back as a layout type, for APIs that take one (einsum's forced
+// output layout): layout_type_of<Mesh, v> is zest::layout<placements...>, one placement per
+// non-replicated axis, a split over several axes written once with its axes major first.
+namespace detail {
+
+template <class Mesh, std::size_t Axis>
+constexpr auto axis_name() {
+  constexpr std::string_view name = Mesh::axis_names[Axis];
+  fixed_string<name.size() + 1> out;
+  for (std::size_t i = 0; i < name.size(); ++i) out.set(i, name[i]);
+  return out;
+}
+
+template <class Mesh, layout_key L, char Dim, std::size_t... K>
+constexpr auto split_of(std::index_sequence<K...>)
+    -> split<Dim, axis_name<Mesh, to_layout(L).split_axis(Dim, K)>()...>;
+
+// The placements that mesh axis A contributes: none for replicate and for the inner axes
+// of a nested split (they are written with the split's first axis).
+template <class Mesh, layout_key L, std::size_t A>
+constexpr auto placements_of_axis() {
+  constexpr layout_value v = to_layout(L);
+  constexpr axis_placement p = v.axes[A];
+  if constexpr (p.kind == placement_kind::partial) {
+    return std::tuple<partial<axis_name<Mesh, A>()>>{};
+  } else if constexpr (p.kind == placement_kind::split && p.order == 0) {
+    return std::tuple<decltype(split_of<Mesh, L, p.dim>(
+        std::make_index_sequence<v.split_count(p.dim)>{}))>{};
+  } else {
+    return std::tuple<>{};
+  }
+}
+
+template <class Tuple>
+struct layout_from_tuple;
+template <class... P>
+struct layout_from_tuple<std::tuple<P...>> {
+  using type = layout<P...>;
+};
+
+template <class Mesh, layout_key L, std::size_t... A>
+auto layout_type_of(std::index_sequence<A...>) ->
+    typename layout_from_tuple<decltype(std::tuple_cat(placements_of_axis<Mesh, L, A>()...))>::type;
+
+}  // namespace detail
+
+// layout_type_for<Mesh, L>::type, or the alias layout_type_of<Mesh, L> where L is not
+// dependent (g++ 12 crashes on aliases given a dependent class-type argument).
+template <class Mesh, layout_key L>
+struct layout_type_for {
+  using type =
+      decltype(detail::layout_type_of<Mesh, L>(std::make_index_sequence<Mesh::axis_count>{}));
+};
+template <class Mesh, layout_key L>
+using layout_type_of = typename layout_type_for<Mesh, L>::type;
 
 namespace detail {
 
@@ -76,78 +134,12 @@ struct not_a_tensor_type {
   using type = void;
 };
 
-// Mesh axis A's name as a fixed_string, for the placements' template arguments.
-template <class Mesh, std::size_t A>
-constexpr auto mesh_axis_fixed_string() {
-  constexpr std::string_view name = Mesh::axis_names[A];
-  fixed_string<name.size() + 1> out;
-  for (std::size_t i = 0; i < name.size(); ++i) out.set(i, name[i]);
-  return out;
-}
-
-template <class Mesh, layout_key L, char Dim, std::size_t... K>
-auto split_placement(std::index_sequence<K...>)
-    -> split<Dim, mesh_axis_fixed_string<Mesh, to_layout(L).split_axis(Dim, K)>()...>;
-
-// What mesh axis A contributes: nothing when replicated or an inner axis of a nested split
-// (that one is written with the split's first axis).
-template <class Mesh, layout_key L, std::size_t A>
-auto axis_placement_list() {
-  constexpr axis_placement p = to_layout(L).axes[A];
-  if constexpr (p.kind == placement_kind::partial) {
-    return layout<partial<mesh_axis_fixed_string<Mesh, A>()>>{};
-  } else if constexpr (p.kind == placement_kind::split && p.order == 0) {
-    return layout<decltype(split_placement<Mesh, L, p.dim>(
-        std::make_index_sequence<to_layout(L).split_count(p.dim)>{}))>{};
-  } else {
-    return layout<>{};
-  }
-}
-
-template <class... P, class... Q>
-layout<P..., Q...> operator+(layout<P...>, layout<Q...>);  // only in decltype
-
-template <class Mesh, layout_key L, std::size_t... A>
-auto layout_type_from_key(std::index_sequence<A...>)
-    -> decltype((layout<>{} + ... + axis_placement_list<Mesh, L, A>()));
-
 template <class X, bool = layout_carrier<X>>
 struct layout_of_impl : not_a_tensor_type<X> {};
 template <class X>
 struct layout_of_impl<X, true> {
-  using type = decltype(layout_type_from_key<typename X::mesh_type, layout_key(X::layout)>(
-      std::make_index_sequence<X::mesh_type::axis_names.size()>{}));
+  using type = typename layout_type_for<typename X::mesh_type, layout_key(X::layout)>::type;
 };
-
-// The layout's text, written through `out(std::string_view)`: the notation of to_string
-// (zest/layout/layout.hpp); tests/layout/layout_of_test.cpp compares the two for many layouts.
-template <class Names, class Out>
-constexpr void write_layout_text(const layout_value& v, const Names& names, Out&& out) {
-  bool any = false;
-  for (std::size_t a = 0; a < v.axis_count; ++a) {
-    const axis_placement& p = v.axes[a];
-    if (p.kind == placement_kind::replicate) continue;
-    if (p.kind == placement_kind::split && p.order != 0) continue;
-    if (any) out(std::string_view(" "));
-    any = true;
-    if (p.kind == placement_kind::partial) {
-      out(std::string_view("partial("));
-      out(std::string_view(names[a]));
-      out(std::string_view(")"));
-      continue;
-    }
-    const char dim[2] = {p.dim, '\0'};
-    out(std::string_view("split("));
-    out(std::string_view(dim, 1));
-    out(std::string_view(":"));
-    for (std::size_t k = 0; k < v.split_count(p.dim); ++k) {
-      if (k) out(std::string_view(","));
-      out(std::string_view(names[v.split_axis(p.dim, k)]));
-    }
-    out(std::string_view(")"));
-  }
-  if (!any) out(std::string_view("replicate"));
-}
 
 template <class Names>
 constexpr std::size_t layout_text_length(const layout_value& v, const Names& names) {
