@@ -3,6 +3,8 @@
 // NCCL, against the same program on zest::mesh. fp32 losses within 1e-4 relative and
 // parameters within 1e-4, bf16 within the rounding of its storage; model-state bytes in
 // device memory equal the host's in host memory (the same formula, the other counters).
+// Also the norm, the inf check, a record's staging and the recomputation's determinism check
+// on the device (train/backend_paths.hpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "cuda/gpu_test.hpp"
+#include "train/backend_paths.hpp"
 #include "train/training_fixture.hpp"
 #include "zest/cuda.hpp"
 
@@ -61,6 +64,16 @@ void compare(const run_result& gpu, const run_result& host, double loss_toleranc
 }
 
 using dp_layout = layout<split<'b', "dp">>;
+// Spelt as basic_tensor<T, Mesh, dims, layout constant>, as in cuda_redistribute_test.cu:
+// nvcc's host-code generator loses the string literals of zest::tensor (an alias template)
+// once the type is an explicit template argument.
+inline constexpr fixed_string<3> bm_dims = "bm";
+inline constexpr layout_value gpu_bm_split =
+    layout_value_of<cuda_mesh<"dp">, bm_dims, layout<split<'b', "dp">>>;
+inline constexpr layout_value host_bm_split =
+    layout_value_of<mesh<"dp">, bm_dims, layout<split<'b', "dp">>>;
+using gpu_grad = basic_tensor<float, cuda_mesh<"dp">, bm_dims, gpu_bm_split>;
+using host_grad = basic_tensor<float, mesh<"dp">, bm_dims, host_bm_split>;
 
 template <class Stage, class Param>
 void dense_case(double loss_tolerance, double param_tolerance) {
@@ -90,6 +103,10 @@ TEST_CASE("GPT on cuda_mesh: ZeRO-3, bf16, follows the host") {
 // value on a rounding tie may land one quantum apart where the device fuses a multiply-add.
 TEST_CASE("GPT on cuda_mesh: ZeRO-3 with qwZ and qgZ, fp32, follows the host") {
   dense_case<zero_stage<3, "dp", split_first_dim, "", "", 256, 256>, float>(2e-2, 5e-2);
+}
+
+TEST_CASE("on cuda_mesh: the norm, the inf check, records and recomputation's check") {
+  check_backend_paths<gpu_grad, host_grad>(shared_gpu_mesh<cuda_mesh<"dp">>({world_size()}));
 }
 
 TEST_CASE("MoE GPT on cuda_mesh<dp, ep>: ZeRO-1 equals the host") {

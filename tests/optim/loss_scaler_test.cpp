@@ -1,5 +1,6 @@
 // zest::dynamic_loss_scaler on one process: skip and back off on inf, grow after the
-// interval, the minimum scale, save/restore, argument checks; has_inf_or_nan per type.
+// interval, the minimum scale, save/restore, argument checks; has_inf_or_nan per type, on host
+// memory and through a backend's sum (the emulated backend: the body a GPU runs).
 #include "zest/optim/loss_scaler.hpp"
 
 #include <doctest/doctest.h>
@@ -8,6 +9,8 @@
 #include <limits>
 #include <span>
 #include <vector>
+
+#include "zest/backend/emulated/emulated_backend.hpp"
 
 using zest::dynamic_loss_scaler;
 
@@ -105,6 +108,7 @@ TEST_CASE_TEMPLATE("has_inf_or_nan", T, float, double, zest::bfloat16, zest::flo
     std::vector<T> values(n);
     for (std::size_t i = 0; i < n; ++i) values[i] = make(static_cast<float>(i % 13) - 6.0F);
     CHECK_FALSE(zest::has_inf_or_nan(std::span<const T>(values)));
+    CHECK_FALSE(zest::has_inf_or_nan<zest::emulated_backend>(std::span<const T>(values)));
     if (n == 0) continue;
     for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
       for (const float bad :
@@ -115,6 +119,7 @@ TEST_CASE_TEMPLATE("has_inf_or_nan", T, float, double, zest::bfloat16, zest::flo
         INFO("n " << n << ", at " << at << ", value " << bad);
         CHECK(zest::has_inf_or_nan(std::span<const T>(copy)));
         CHECK(zest::has_inf_or_nan(std::span<T>(copy)));
+        CHECK(zest::has_inf_or_nan<zest::emulated_backend>(std::span<const T>(copy)));
       }
     }
   }

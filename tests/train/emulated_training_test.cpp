@@ -7,7 +7,9 @@
 //     counters, and a step leaves them as they were;
 //   - an injected inf under float16 skips the step on the emulated mesh too;
 //   - a checkpoint saved on the emulated mesh (its shards staged through host memory) loads
-//     on the host mesh, and both then take the same step.
+//     on the host mesh, and both then take the same step;
+//   - the norm, the inf check, a record's staging and the recomputation check through the
+//     backend (train/backend_paths.hpp, which the GPU test runs on a cuda_mesh too).
 #include <doctest/doctest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "train/backend_paths.hpp"
 #include "train/training_fixture.hpp"
 #include "zest/mesh/emulated_mesh.hpp"
 #include "zest/train/checkpoint.hpp"
@@ -38,6 +41,9 @@ using emulated = emulated_mesh<"dp">;
 static_assert(std::is_same_v<backend_of<emulated>, emulated_backend>);
 static_assert(!detail::runs_host_loops<backend_of<emulated>>(),
               "the generic paths, not the host's");
+
+using emulated_grad = tensor<float, emulated, "bm", layout<split<'b', "dp">>>;
+using host_grad = tensor<float, world_mesh, "bm", layout<split<'b', "dp">>>;
 
 emulated make_emulated_mesh() {
   int n = 1;
@@ -158,6 +164,10 @@ TEST_CASE("emulated backend: an inf under float16 skips the step on every rank")
   CHECK(parameter_values(engine) == params);
   const auto next = train_steps(engine, model, 2, 1);
   CHECK(std::isfinite(next.front()));
+}
+
+TEST_CASE("emulated backend: the norm, the inf check, records and recomputation's check") {
+  check_backend_paths<emulated_grad, host_grad>(make_emulated_mesh());
 }
 
 TEST_CASE("emulated backend: a checkpoint saved on the emulated mesh loads on the host") {

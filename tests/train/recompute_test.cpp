@@ -1,7 +1,8 @@
 // Activation recomputation (zest/autodiff/checkpoint.hpp, zero_options::recompute), against the
 // run without it as the reference:
 //   - autodiff::checkpoint: the same gradients bit for bit (einsum, gelu, dropout), the
-//     function's internals freed after forward (measured by zest's accounting), the errors;
+//     function's internals freed after forward (measured by zest's accounting), the errors
+//     (the determinism check on the emulated backend too, which takes a GPU's path);
 //   - the GPT and the Llama-style decoder (dropout 0.1, so every mask is drawn twice), every
 //     ZeRO stage: 20 steps under none, selective and full give the same losses and parameters
 //     exactly; the bytes per step are the ZeRO formula's (3 Psi (N-1)/N under stage 3: the
@@ -20,6 +21,7 @@
 #include "llama.hpp"
 #include "train/training_fixture.hpp"
 #include "zest/autodiff/checkpoint.hpp"
+#include "zest/mesh/emulated_mesh.hpp"
 #include "zest/zero/planner.hpp"
 
 TEST_SUITE_BEGIN("train_recompute");
@@ -124,6 +126,28 @@ TEST_CASE("checkpoint: bad input is a clear error") {
         [&calls](const ad::variable<x_t>& in) { return ad::dropout(in, 0.5, ++calls); }, x);
     CHECK_THROWS_WITH_AS(ad::backward(ad::sum(y)), doctest::Contains("not deterministic"),
                          std::logic_error);
+  }
+  SUBCASE("a function that is not deterministic, on the emulated backend (a GPU's check)") {
+    using emulated = emulated_mesh<"dp">;
+    using ex_t = tensor<float, emulated, "btm", layout<split<'b', "dp">>>;
+    const emulated em(MPI_COMM_WORLD, {mesh.world_size()});
+    const auto exv = ex_t::generate(em, {B, T, M}, [](const auto& i) { return 1.0F + i[2]; });
+    for (const bool deterministic : {true, false}) {
+      ad::tape t;
+      auto x = t.parameter(ex_t(exv));
+      std::uint64_t calls = 0;
+      auto y = ad::checkpoint(
+          [&](const ad::variable<ex_t>& in) {
+            return ad::dropout(in, 0.5, deterministic ? std::uint64_t{7} : ++calls);
+          },
+          x);
+      if (deterministic) {
+        CHECK_NOTHROW(ad::backward(ad::sum(y)));
+      } else {
+        CHECK_THROWS_WITH_AS(ad::backward(ad::sum(y)), doctest::Contains("not deterministic"),
+                             std::logic_error);
+      }
+    }
   }
   SUBCASE("inputs of two tapes") {
     ad::tape t1, t2;

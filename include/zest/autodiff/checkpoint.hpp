@@ -26,8 +26,9 @@
 // must come from seeds, as zest's counter-based dropout does), the recomputed steps are the
 // steps the first run recorded, in the same order, and the gradients reach the inputs' nodes
 // as they would have; so gradients, losses and parameters are exactly those without
-// recomputation. On the host backend the recomputed output is compared with the first: a
-// function that is not deterministic is an error, not a silently wrong gradient.
+// recomputation. The recomputed output is compared with the first bit for bit, on every
+// backend (the backend's sum of kernels::bits_differ: on a GPU one reduction kernel and a
+// wait): a function that is not deterministic is an error, not a silently wrong gradient.
 //
 // Requirements, checked: the inputs are variables of one tape; the function returns one
 // variable; no variable made inside it is used outside it except the output (one that
@@ -36,7 +37,7 @@
 #pragma once
 
 #include <algorithm>
-#include <cstring>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -45,7 +46,9 @@
 #include <utility>
 #include <vector>
 
+#include "zest/autodiff/kernels.hpp"
 #include "zest/autodiff/tape.hpp"
+#include "zest/backend/backend.hpp"
 #include "zest/core/error.hpp"
 
 namespace zest::autodiff {
@@ -71,13 +74,17 @@ auto run_in_region(tape& t, F& f, const Tuple& args, tape::region& out) {
   }
 }
 
-// Whether two tensors' local shards are equal bit for bit (host backend only).
+// How many elements of two tensors' local shards differ in some bit (the size of the larger
+// when their sizes differ), counted by the shards' backend.
 template <sharded_tensor Y>
-bool same_bits(const Y& a, const Y& b) {
+std::size_t bits_differing(const Y& a, const Y& b) {
   const auto pa = a.local();
   const auto pb = b.local();
-  return pa.size() == pb.size() &&
-         (pa.empty() || std::memcmp(pa.data(), pb.data(), pa.size_bytes()) == 0);
+  if (pa.size() != pb.size()) return std::max(pa.size(), pb.size());
+  using T = typename Y::value_type;
+  const double count = sum_kernel<typename Y::backend_type>(
+      pa.size(), kernels::bits_differ<T>{pa.data(), pb.data()});
+  return static_cast<std::size_t>(count);
 }
 
 }  // namespace detail
@@ -133,13 +140,12 @@ auto checkpoint(F fn, const variable<X>&... inputs) {
           "zest autodiff::checkpoint: the recomputed output has other extents than the first "
           "run's; the function must compute the same thing again");
     }
-    if constexpr (detail::on_host<Y>) {
-      if (!detail::same_bits(y2.value(), yn->value)) {
-        throw std::logic_error(
-            "zest autodiff::checkpoint: the recomputed output differs from the first run's: the "
-            "function is not deterministic (random numbers not drawn from a seed, or state it "
-            "reads changed between forward and backward)");
-      }
+    if (const std::size_t differ = detail::bits_differing(y2.value(), yn->value); differ != 0) {
+      throw std::logic_error(zest::detail::message(
+          "zest autodiff::checkpoint: the recomputed output differs from the first run's in ",
+          differ, " of ", yn->value.local_count(),
+          " elements of this rank's shard: the function is not deterministic (random numbers "
+          "not drawn from a seed, or state it reads changed between forward and backward)"));
     }
     y2.node()->grad = std::move(yn->grad);
     yn->grad.reset();

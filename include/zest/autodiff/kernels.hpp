@@ -19,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -102,6 +103,21 @@ template <class T>
 struct element {
   const T* p;
   ZEST_HOST_DEVICE T operator()(std::size_t i) const { return p[i]; }
+};
+// 1 where a[i] and b[i] differ in some bit (a NaN equals only a NaN of the same bits), else 0:
+// for Backend::sum, the count of elements that differ (checkpoint.hpp's determinism check).
+template <class T>
+struct bits_differ {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8,
+                "zest autodiff: bits_differ compares elements of 2, 4 or 8 bytes");
+  using bits_type =
+      std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                         std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+  const T* a;
+  const T* b;
+  ZEST_HOST_DEVICE double operator()(std::size_t i) const {
+    return std::bit_cast<bits_type>(a[i]) == std::bit_cast<bits_type>(b[i]) ? 0.0 : 1.0;
+  }
 };
 
 // ---------------------------------------------------------------------------------------

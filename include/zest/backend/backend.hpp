@@ -13,10 +13,14 @@
 //   for_each(n, f)            f(i) for every i < n, in any order and in parallel: f is a
 //                             trivially copyable function object whose call operator is
 //                             ZEST_HOST_DEVICE (a CUDA kernel runs it on the GPU backend)
-//   sum(n, f)                 the sum over i < n of f(i), a double on the host (f as above)
+//   sum(n, f)                 the sum over i < n of f(i), a double on the host (f as above;
+//                             the host backend adds in sixteen lanes, a fixed order)
 //   runs_host_loops           optional, true on the host backend only: for_each_kernel and
 //                             sum_kernel below call a function object's host-vectorised
 //                             member where it has one
+//   host_addressable          optional, true on the host backend only: host code may read
+//                             and write the buffers in place, so host_staging below views
+//                             them instead of copying
 //   counters()                zest::memory::counters of the memory the buffers live in
 //   synchronize()             returns once the backend's queued work is done (a no-op on
 //                             the host; timings of GPU work call it)
@@ -34,6 +38,10 @@
 // (zest/backend/emulated/emulated_backend.hpp) runs the plain f(i) on the host, so the code
 // paths of the GPU are tested on machines without one.
 //
+// Host code that must see a shard as host memory (a checkpoint's record of it) goes through
+// host_staging<B, T> below: the shard itself where B is host_addressable, a host copy with a
+// write-back elsewhere; one mechanism on B's members, not a branch per caller.
+//
 // The host backend is the default: a mesh whose communicator does not name a backend
 // (`using backend_type = ...`) computes on the host.
 #pragma once
@@ -42,6 +50,8 @@
 #include <cstddef>
 #include <span>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "zest/backend/contraction_plan.hpp"
 #include "zest/core/memory.hpp"
@@ -63,6 +73,13 @@ concept backend_loop_flag = !requires {
 || requires {
   { B::runs_host_loops } -> std::convertible_to<bool>;
 };
+template <class B>
+concept backend_memory_flag = !requires {
+  B::host_addressable;
+}
+|| requires {
+  { B::host_addressable } -> std::convertible_to<bool>;
+};
 }  // namespace detail
 
 // The members listed at the top of this file, each with the signature its uses need (checked
@@ -75,11 +92,12 @@ concept backend = requires {
   typename B::template buffer<float>;
 }
 &&std::constructible_from<typename B::template buffer<float>, std::size_t>&&
-    std::movable<typename B::template buffer<float>>&& detail::backend_loop_flag<B>&& requires(
-        typename B::template buffer<float>& buf, const typename B::template buffer<float>& cbuf,
-        float* p, const float* cp, std::size_t n, std::span<const float> values,
-        std::span<const contraction::operand_view<float>> operands, std::string_view labels,
-        std::span<const std::size_t> extents) {
+    std::movable<typename B::template buffer<float>>&& detail::backend_loop_flag<B>&&
+        detail::backend_memory_flag<B>&& requires(
+            typename B::template buffer<float>& buf, const typename B::template buffer<float>& cbuf,
+            float* p, const float* cp, std::size_t n, std::span<const float> values,
+            std::span<const contraction::operand_view<float>> operands, std::string_view labels,
+            std::span<const std::size_t> extents) {
   { buf.data() } -> std::convertible_to<float*>;
   { cbuf.data() } -> std::convertible_to<const float*>;
   { cbuf.size() } -> std::convertible_to<std::size_t>;
@@ -121,6 +139,14 @@ constexpr bool runs_host_loops() {
     return false;
   }
 }
+template <class B>
+constexpr bool host_addressable() {
+  if constexpr (requires { B::host_addressable; }) {
+    return B::host_addressable;
+  } else {
+    return false;
+  }
+}
 }  // namespace detail
 
 // B::for_each(n, f), or f.host(n) where B runs host loops and f has that member.
@@ -141,5 +167,50 @@ double sum_kernel(std::size_t n, const F& f) {
     return B::sum(n, f);
   }
 }
+
+// A block of B's memory as host memory: host() is the block itself where B is
+// host_addressable, else a host copy made at construction (B::to_host); write_back() puts the
+// copy's values back into the block (B::from_host, then B::copy_slices into it: the block
+// stays where it is), and does nothing in place. T may be const: then there is nothing to
+// write back. The block must outlive the staging.
+//
+//   host_staging<B, float> s(tensor.local());
+//   read_or_change(s.host());
+//   s.write_back();
+template <class B, class T>
+class host_staging {
+ public:
+  static constexpr bool in_place = detail::host_addressable<B>();
+  using value_type = std::remove_const_t<T>;
+
+  explicit host_staging(std::span<T> block) : block_(block) {
+    if constexpr (!in_place) {
+      copy_.resize(block.size());
+      B::to_host(std::span<const value_type>(block.data(), block.size()), copy_.data());
+    }
+  }
+
+  std::span<T> host() {
+    if constexpr (in_place) {
+      return block_;
+    } else {
+      return std::span<T>(copy_.data(), copy_.size());
+    }
+  }
+
+  void write_back() const requires(!std::is_const_v<T>) {
+    if constexpr (!in_place) {
+      const std::size_t n = block_.size();
+      if (n == 0) return;
+      const auto staged =
+          B::template from_host<value_type>(std::span<const value_type>(copy_.data(), n));
+      B::copy_slices(staged.data(), 1, n, 0, block_.data(), n, 0, n, 1);
+    }
+  }
+
+ private:
+  std::span<T> block_;
+  std::vector<value_type, memory::tracking_allocator<value_type>> copy_;
+};
 
 }  // namespace zest

@@ -5,6 +5,10 @@
 //   r.local_offsets;   // this rank's block in global index space, r.local_extents its size
 //   r.bytes;           // the block, dense and row-major (host memory)
 //
+// The block reaches host memory through the backend's host_staging
+// (zest/backend/backend.hpp): a host tensor's record views its shard; a GPU's (or the emulated
+// backend's) holds a host copy, which write_back puts into the shard after a load.
+//
 // What a checkpoint (zest/io/checkpoint.hpp) saves and loads into, and nothing of files: a
 // record is what is left of a sharded tensor's type once its layout and mesh are read (its
 // block, whether this rank writes it), so code that holds tensors of many types (a model's
@@ -22,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "zest/backend/host/host_backend.hpp"
+#include "zest/backend/backend.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -43,8 +47,9 @@ struct tensor_record {
   std::span<std::byte> bytes;
   // Made from a const tensor: it can be saved, not loaded into.
   bool read_only = false;
-  // A tensor outside host memory: `bytes` views `host_copy`, and after a load `write_back`
-  // copies it into the tensor (empty for host tensors, whose records view their shards).
+  // The block as the tensor's backend stages it for the host, shared by the record's copies:
+  // `bytes` views it. After a load `write_back` puts it into the tensor's shard (nothing to
+  // do for a host tensor, whose record views the shard itself; empty for a read-only record).
   std::shared_ptr<void> host_copy;
   std::function<void()> write_back;
 };
@@ -56,7 +61,7 @@ inline tensor_record make_record_of(std::string name, std::string_view dims, dty
                                     std::span<const std::size_t> global,
                                     std::span<const std::size_t> offsets,
                                     std::span<const std::size_t> local, std::string layout,
-                                    bool writes, std::span<std::byte> bytes) {
+                                    bool writes) {
   tensor_record r;
   r.name = std::move(name);
   r.dims = std::string(dims);
@@ -66,16 +71,15 @@ inline tensor_record make_record_of(std::string name, std::string_view dims, dty
   r.local_extents.assign(local.begin(), local.end());
   r.layout = std::move(layout);
   r.writes = writes;
-  r.bytes = bytes;
   return r;
 }
 
+// The record's figures; its bytes are set by stage() below.
 template <sharded_tensor X>
-tensor_record make_record(std::string name, const X& tensor, std::span<std::byte> bytes) {
+tensor_record make_record(std::string name, const X& tensor) {
   using mesh_type = typename X::mesh_type;
   if constexpr (X::layout.any_partial()) {
     (void)tensor;
-    (void)bytes;
     throw shape_error(zest::detail::message(
         "zest: io::record: tensor \"", name, "\" has layout ", layout_string<X>(),
         ", which is partial: its value is a pending sum over ranks; reduce it first "
@@ -87,14 +91,26 @@ tensor_record make_record(std::string name, const X& tensor, std::span<std::byte
     }
     return make_record_of(std::move(name), view_of<X::dims>, dtype_of<typename X::value_type>(),
                           tensor.extents(), tensor.local_offsets(), tensor.local_extents(),
-                          layout_string<X>(), writes, bytes);
+                          layout_string<X>(), writes);
   }
 }
 
-// A host copy of a shard outside host memory, shared by the copies of its record.
-template <sharded_tensor X>
-std::shared_ptr<host_vector<typename X::value_type>> host_copy_of(const X& tensor) {
-  return std::make_shared<host_vector<typename X::value_type>>(tensor.local_to_host());
+// Gives r the shard `local` of a tensor of backend B as host memory (host_staging), kept alive
+// by the record: `bytes` views it, `write_back` puts it into the shard after a load. A const
+// shard's record is read-only. A function of the backend and element type only, not of the
+// tensor's type.
+template <class B, class T>
+void stage(tensor_record& r, std::span<T> local) {
+  auto staged = std::make_shared<host_staging<B, T>>(local);
+  const std::span<const std::byte> view = std::as_bytes(staged->host());
+  // A read-only record is never written through: load_checkpoint refuses it.
+  r.bytes = std::span<std::byte>(const_cast<std::byte*>(view.data()), view.size());  // NOLINT
+  if constexpr (std::is_const_v<T>) {
+    r.read_only = true;
+  } else {
+    r.write_back = [staged] { staged->write_back(); };
+  }
+  r.host_copy = std::move(staged);
 }
 }  // namespace detail
 
@@ -102,42 +118,17 @@ std::shared_ptr<host_vector<typename X::value_type>> host_copy_of(const X& tenso
 // shape_error for a layout that is partial on some axis.
 template <sharded_tensor X>
 tensor_record record(std::string name, X& tensor) {
-  if constexpr (std::is_same_v<typename X::backend_type, host_backend>) {
-    return detail::make_record(std::move(name), std::as_const(tensor),
-                               std::as_writable_bytes(tensor.local()));
-  } else {
-    using T = typename X::value_type;
-    auto copy = detail::host_copy_of(tensor);
-    tensor_record r = detail::make_record(std::move(name), std::as_const(tensor),
-                                          std::as_writable_bytes(std::span<T>(*copy)));
-    r.write_back = [&tensor, copy] {
-      tensor.storage() = X::backend_type::template from_host<T>(std::span<const T>(*copy));
-    };
-    r.host_copy = std::move(copy);
-    return r;
-  }
+  tensor_record r = detail::make_record(std::move(name), std::as_const(tensor));
+  detail::stage<typename X::backend_type>(r, tensor.local());
+  return r;
 }
 
 // The record of a const tensor: for saving only (load_checkpoint refuses it).
 template <sharded_tensor X>
 tensor_record record(std::string name, const X& tensor) {
-  if constexpr (!std::is_same_v<typename X::backend_type, host_backend>) {
-    using T = typename X::value_type;
-    auto copy = detail::host_copy_of(tensor);
-    tensor_record r =
-        detail::make_record(std::move(name), tensor, std::as_writable_bytes(std::span<T>(*copy)));
-    r.host_copy = std::move(copy);
-    r.read_only = true;
-    return r;
-  } else {
-    const std::span<const std::byte> view = std::as_bytes(tensor.local());
-    // Never written through: load_checkpoint refuses records marked read_only.
-    tensor_record r = detail::make_record(
-        std::move(name), tensor,
-        std::span<std::byte>(const_cast<std::byte*>(view.data()), view.size()));  // NOLINT
-    r.read_only = true;
-    return r;
-  }
+  tensor_record r = detail::make_record(std::move(name), tensor);
+  detail::stage<typename X::backend_type>(r, tensor.local());
+  return r;
 }
 
 // A temporary would be gone before the record is used.

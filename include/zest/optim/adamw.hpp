@@ -18,9 +18,11 @@
 // (the square roots use SSE directly on x86: std::sqrt's errno handling keeps a compiler
 // from vectorising it unless -fno-math-errno is given). The arrays must not overlap.
 //
-// adamw_update<B>(...) takes the arrays in the memory of backend B (device pointers on a
-// GPU): the host backend runs the kernel above, every other backend one B::for_each over
-// adamw_element_fn, the same formula per element.
+// The update is one function object, adamw_element_fn, run by the backend's loop
+// (for_each_kernel, zest/backend/backend.hpp): its call operator is the formula for one
+// element, which a GPU (or the emulated backend) runs per element; its host member is the
+// blocked loop above, which the host backend runs. adamw_update<B>(...) takes the arrays in
+// the memory of backend B (device pointers on a GPU).
 #pragma once
 
 #include <cmath>
@@ -36,6 +38,7 @@
 #endif
 
 #include "zest/backend/backend.hpp"
+#include "zest/backend/host/host_backend.hpp"
 #include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/device_math.hpp"
@@ -76,17 +79,6 @@ inline float adamw_grad(G g) {
   return static_cast<float>(g);
 }
 
-// One element, for the tail that does not fill a block.
-template <class G>
-inline void adamw_element(float& p, G grad, float& m, float& v, const adamw_constants& k) {
-  const float g = adamw_grad(grad) * k.grad_scale;
-  const float mi = k.beta1 * m + k.one_minus_beta1 * g;
-  const float vi = k.beta2 * v + k.one_minus_beta2 * g * g;
-  m = mi;
-  v = vi;
-  p = k.keep * p - k.step_size * mi / (std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps);
-}
-
 inline constexpr std::size_t adamw_block = 16;
 
 template <class G>
@@ -113,7 +105,8 @@ inline void adamw_block_update(float* __restrict p, const G* __restrict grad, fl
   }
 }
 
-// The element update as a function object for backends other than the host.
+// The update of element i; host(n): the same over elements 0 .. n - 1 in blocks that
+// vectorise, the tail that does not fill a block element by element.
 template <class G>
 struct adamw_element_fn {
   float* p;
@@ -128,6 +121,13 @@ struct adamw_element_fn {
     m[i] = mi;
     v[i] = vi;
     p[i] = k.keep * p[i] - k.step_size * mi / (dmath::sqrt(vi) * k.inv_sqrt_bc2 + k.eps);
+  }
+  void host(std::size_t n) const {
+    std::size_t i = 0;
+    for (; i + adamw_block <= n; i += adamw_block) {
+      adamw_block_update(p + i, grad + i, m + i, v + i, k);
+    }
+    for (; i < n; ++i) (*this)(i);
   }
 };
 
@@ -174,19 +174,9 @@ void adamw_update_impl(std::span<float> param, std::span<const G> grad, std::spa
       .keep = decay ? static_cast<float>(1.0 - static_cast<double>(lr) * c.weight_decay) : 1.0F,
       .grad_scale = grad_scale,
   };
-  float* p = param.data();
-  const G* g = grad.data();
-  float* mp = m.data();
-  float* vp = v.data();
-  if constexpr (!std::is_same_v<Backend, host_backend>) {
-    if (n != 0) Backend::for_each(n, adamw_element_fn<G>{p, g, mp, vp, k});
-    return;
-  }
-  std::size_t i = 0;
-  for (; i + adamw_block <= n; i += adamw_block) {
-    adamw_block_update(p + i, g + i, mp + i, vp + i, k);
-  }
-  for (; i < n; ++i) adamw_element(p[i], g[i], mp[i], vp[i], k);
+  if (n == 0) return;
+  for_each_kernel<Backend>(n,
+                           adamw_element_fn<G>{param.data(), grad.data(), m.data(), v.data(), k});
 }
 
 }  // namespace detail

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "zest/autodiff/tape.hpp"
+#include "zest/backend/backend.hpp"
 #include "zest/core/random.hpp"
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -237,15 +238,12 @@ X moved(const X& x, std::size_t flat, double delta) {
     local += (i - lo[k]) * local_stride;
     local_stride *= le[k];
   }
-  if constexpr (std::is_same_v<typename X::storage_type, host_vector<T>>) {
-    auto data = out.local();
-    data[local] = static_cast<T>(static_cast<double>(data[local]) + delta);
-  } else {
-    auto data = out.local_to_host();
-    data[local] = static_cast<T>(static_cast<double>(data[local]) + delta);
-    out = X(out.mesh(), out.extents(),
-            X::backend_type::template from_host<T>(std::span<const T>(data.data(), data.size())));
-  }
+  // The one element seen from the host: in place on the host backend, a copy written back
+  // elsewhere (host_staging, zest/backend/backend.hpp).
+  host_staging<typename X::backend_type, T> element(out.local().subspan(local, 1));
+  T& value = element.host()[0];
+  value = static_cast<T>(static_cast<double>(value) + delta);
+  element.write_back();
   return out;
 }
 

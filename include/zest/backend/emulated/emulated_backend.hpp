@@ -9,7 +9,8 @@
 // not run the host members: its for_each is a plain loop over host memory, so a program on
 // an emulated mesh runs exactly the per-element code that a cuda_mesh runs, and the
 // conformance suite (tests/backend/conformance/) compares it with the host paths on machines
-// without a GPU. What it cannot show is what only a GPU does: kernel launches, device
+// without a GPU. Host code stages its shards through host copies (host_staging), as it
+// does a GPU's. What it cannot show is what only a GPU does: kernel launches, device
 // memory, NCCL.
 #pragma once
 
@@ -23,6 +24,9 @@ namespace zest {
 struct emulated_backend : host_backend {
   static constexpr std::string_view name = "emulated";
   static constexpr bool runs_host_loops = false;  // the device's code path, f(i) by f(i)
+  // Host code sees its buffers through host copies, as on a GPU (host_staging copies and
+  // writes back), although they are host memory.
+  static constexpr bool host_addressable = false;
 };
 
 static_assert(backend<emulated_backend>);
