@@ -595,10 +595,9 @@ std::pair<std::uint64_t, std::uint64_t> expert_bytes_measured(const mesh_t& m, s
                                false);
   const std::int64_t live = zest::memory::live_bytes() - before;
   engine.end_group();
-  auto tensors = [](const auto& p) {
-    return p.stored().local_count() * sizeof(float) +
-           p.gradient_buffer_tensor().local_count() * sizeof(float) +
-           (p.moment1().local_count() + p.moment2().local_count()) * sizeof(float);
+  auto tensors = [](auto& p) {
+    return p.stored_elements() * sizeof(float) + p.gradient_buffer().size() * sizeof(float) +
+           (p.adam_m().size() + p.adam_v().size()) * sizeof(float);
   };
   const std::uint64_t counted = tensors(w_in) + tensors(b_in) + tensors(w_out) + tensors(b_out);
   return {static_cast<std::uint64_t>(max_over_ranks(static_cast<double>(live))),

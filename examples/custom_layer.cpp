@@ -148,7 +148,7 @@ void describe(const Param& p, const std::string& name) {
   std::printf("  %-16s %-5s stored %-26s compute %-13s gradient %-24s %zu of %zu\n", name.c_str(),
               dims.c_str(), zest::to_string(l.stored, names).c_str(),
               zest::to_string(l.compute, names).c_str(), zest::to_string(l.gradient, names).c_str(),
-              p.stored().local_count(), p.size());
+              p.stored_elements(), p.size());
 }
 
 template <class Stage>
@@ -238,7 +238,7 @@ void run(int dp, int tp, std::int64_t steps) {
 
   // 3. What each rank stores of the tp-split parameters.
   const std::size_t parts = static_cast<std::size_t>(tp) * (Stage::stage == 3 ? n : 1);
-  auto share = [&](const auto& p) { return p.stored().local_count() * parts == p.size(); };
+  auto share = [&](const auto& p) { return p.stored_elements() * parts == p.size(); };
   check(share(mlp.fc().weight()) && share(mlp.fc().bias()) && share(mlp.proj().weight()),
         "each rank stores 1/" + std::to_string(parts) + " of W1, b1 and W2");
 }

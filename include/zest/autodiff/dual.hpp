@@ -45,22 +45,9 @@ constexpr layout_value dual(const layout_value& v) {
 }
 
 // The type of X's gradient: same element type, mesh and dims, the dual layout.
-// (Through a class: g++ 12 crashes on an alias whose layout argument is a call on a
-// dependent type.)
-namespace detail {
-template <class X>
-struct dual_of {
-  static constexpr layout_value layout = dual(X::layout);
-  using type = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, layout>;
-};
-// X with layout L; a class rather than zest::with_layout for the same reason.
-template <class X, layout_key L>
-struct relayout {
-  using type = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, L>;
-};
-}  // namespace detail
 template <sharded_tensor X>
-using dual_tensor = typename detail::dual_of<std::remove_cvref_t<X>>::type;
+using dual_tensor =
+    typename with_layout_for<std::remove_cvref_t<X>, dual(std::remove_cvref_t<X>::layout)>::type;
 
 // `v` with its partial axes that are also partial in `other` made replicated: what an
 // operand must be reduced to before it meets `other` in a product (a product of two pending

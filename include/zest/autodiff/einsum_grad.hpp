@@ -30,6 +30,7 @@
 #include "zest/einsum/einsum.hpp"
 #include "zest/einsum/policy.hpp"
 #include "zest/einsum/spec.hpp"
+#include "zest/layout/layout_of.hpp"
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/tensor.hpp"
 
@@ -195,7 +196,7 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
 
   if constexpr (!g::broadcasts) {
     return operands([&](const auto&... ops) {
-      return call.template operator()<zest::detail::layout_constant<want>>(ops...);
+      return call.template operator()<typename layout_type_for<mesh_t, want>::type>(ops...);
     });
   } else {
     const target_t& target = std::get<I>(std::forward_as_tuple(xs...));
@@ -211,7 +212,7 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
       }();
       // Each rank's summand (or copy) of the scalar goes to every element it holds.
       constexpr layout_value scalar_layout = std::remove_cvref_t<decltype(scalar)>::layout;
-      using filled_t = typename detail::relayout<target_t, scalar_layout>::type;
+      using filled_t = typename zest::with_layout_for<target_t, scalar_layout>::type;
       filled_t filled(target.mesh(), target.extents());
       backend_of<mesh_t>::fill(filled.local().data(), filled.local_count(),
                                scalar.local_to_host()[0]);
@@ -226,8 +227,8 @@ auto einsum_operand_gradient(const DY& dy, const X&... xs) {
           ones_t::generate(target.mesh(), ones_extents, [](const auto&) { return value_t(1); });
       auto reduced =
           operands([&](const auto&... ops) { return call.template operator()<void>(ops...); });
-      return zest::einsum<g::broadcast_spec, policy, zest::detail::layout_constant<want>>(reduced,
-                                                                                          ones);
+      return zest::einsum<g::broadcast_spec, policy, typename layout_type_for<mesh_t, want>::type>(
+          reduced, ones);
     }
   }
 }

@@ -336,8 +336,8 @@ auto where(const M& mask, const variable<X>& x, const variable<Y>& y) {
     using B = typename X::backend_type;
     static constexpr layout_value meet = detail::meeting_layout(X::layout, Y::layout);
     static constexpr layout_value mask_at = detail::keep_own_partials(meet, M::layout);
-    using z_t = typename detail::relayout<X, meet>::type;
-    using mask_t = typename detail::relayout<M, mask_at>::type;
+    using z_t = typename zest::with_layout_for<X, meet>::type;
+    using mask_t = typename zest::with_layout_for<M, mask_at>::type;
     detail::check_same_extents("where", x.value(), y.value(), "x", "y");
     detail::check_same_extents("where", x.value(), mask, "x", "mask");
     const auto& xu = at_layout<meet>(x.value());

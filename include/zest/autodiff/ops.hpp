@@ -116,7 +116,8 @@ variable<X> broadcast_apply(const variable<X>& x, const variable<Y>& y) {
   using T = typename X::value_type;
   using B = typename X::backend_type;
   constexpr layout_value y_at = splits_of(X::layout, view_of<Y::dims>);
-  using y_grad_t = typename relayout<Y, dual(y_at)>::type;  // pending where x's extra dims split
+  using y_grad_t =
+      typename zest::with_layout_for<Y, dual(y_at)>::type;  // pending where x's extra dims split
   check_extents<Op>(x.value(), y.value(), "x", "y");
   const X& xv = x.value();
   constexpr bool moved = Y::layout != y_at;  // y used through a copy in layout y_at
@@ -503,7 +504,7 @@ auto layer_norm(const variable<X>& x, const variable<G>& gamma, const variable<G
     using B = typename X::backend_type;
     constexpr layout_value whole = detail::whole_layout<typename X::mesh_type>;
     static constexpr layout_value pending = dual(whole);  // sums over rows, pending on every axis
-    using param_grad_t = typename detail::relayout<G, pending>::type;
+    using param_grad_t = typename zest::with_layout_for<G, pending>::type;
     detail::check_extents<"layer_norm">(x.value(), gamma.value(), "x", "gamma");
     detail::check_extents<"layer_norm">(x.value(), beta.value(), "x", "beta");
     const X& xv = x.value();
@@ -603,7 +604,7 @@ auto embedding(const Ids& ids, const variable<Table>& table) {
     constexpr layout_value out_layout =
         detail::embedding_layout(Ids::layout, table_at, Table::dims[0], feature);
     using out_t = basic_tensor<T, typename Table::mesh_type, OutDims, out_layout>;
-    using grad_at_t = typename detail::relayout<Table, dual(table_at)>::type;
+    using grad_at_t = typename zest::with_layout_for<Table, dual(table_at)>::type;
     const auto& tv = zest::at_layout<table_at>(table.value());
     const std::size_t rows = tv.extents()[0];
     const std::size_t width = tv.local_extents()[1];

@@ -233,14 +233,13 @@ constexpr layout_value whole_along(layout_value v, char d) {
 }
 
 // X with dim D whole, and the layout its gradient is scattered in (the dual of X's layout
-// with D whole). Through a class: g++ 12 and dependent layout calls, zest/autodiff/dual.hpp.
+// with D whole).
 template <class X, char D>
 struct along_whole {
   static constexpr layout_value layout = whole_along(X::layout, D);
   static constexpr layout_value grad_layout = whole_along(autodiff::dual(X::layout), D);
-  using type = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, layout>;
-  using grad_type =
-      basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, grad_layout>;
+  using type = typename with_layout_for<X, layout>::type;
+  using grad_type = typename with_layout_for<X, grad_layout>::type;
 };
 
 template <fixed_string Op, char D, class X>

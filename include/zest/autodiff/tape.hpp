@@ -468,7 +468,7 @@ auto add_signed(const variable<X>& x, const variable<Y>& y) {
     return 0;
   } else {
     static constexpr layout_value meet = meeting_layout(X::layout, Y::layout);
-    using z_t = typename relayout<X, meet>::type;
+    using z_t = typename zest::with_layout_for<X, meet>::type;
     using T = typename X::value_type;
     using op_t = std::conditional_t<(Sign > 0), kernels::plus<T>, kernels::minus<T>>;
     check_same_extents(Sign > 0 ? "x + y" : "x - y", x.value(), y.value(), "x", "y");
@@ -543,7 +543,7 @@ auto multiply(const variable<X>& x, const variable<Y>& y) {
     constexpr layout_value y_at = detail::keep_own_partials(meet, Y::layout);
     static constexpr layout_value x_grad = dual(x_at);
     static constexpr layout_value y_grad = dual(y_at);
-    using z_t = typename detail::relayout<X, meet>::type;
+    using z_t = typename zest::with_layout_for<X, meet>::type;
     auto xu = zest::at_layout<x_at>(x.value());
     auto yu = zest::at_layout<y_at>(y.value());
     auto out = detail::make_result(x.owner(), detail::combine<z_t>(xu, yu, kernels::times<T>{}),
@@ -556,11 +556,13 @@ auto multiply(const variable<X>& x, const variable<Y>& y) {
             const kernels::times<T> mul{};
             if (xn->requires_grad) {
               xn->accumulate(redistribute_to<dual(X::layout)>(
-                  detail::combine<typename detail::relayout<X, x_grad>::type>(*on->grad, yu, mul)));
+                  detail::combine<typename zest::with_layout_for<X, x_grad>::type>(*on->grad, yu,
+                                                                                   mul)));
             }
             if (yn->requires_grad) {
               yn->accumulate(redistribute_to<dual(Y::layout)>(
-                  detail::combine<typename detail::relayout<Y, y_grad>::type>(*on->grad, xu, mul)));
+                  detail::combine<typename zest::with_layout_for<Y, y_grad>::type>(*on->grad, xu,
+                                                                                   mul)));
             }
           });
     }

@@ -4,9 +4,12 @@
 // involved, so that a user can tell from the first line what went wrong and where.
 #pragma once
 
+#include <initializer_list>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -53,21 +56,73 @@ namespace detail {
 template <class...>
 inline constexpr bool always_false = false;
 
-// The pieces written out, by their decayed types: one instantiation per sequence of types,
-// whatever the lengths of the string literals among them.
-template <class... Parts>
-std::string message_of(const Parts&... parts) {
+// One piece of a message, whatever its type: text, an integer or a floating-point number
+// held by value, anything else written through operator<< by a small function of its type.
+// The pieces are written by one function (join_message) for every message of the program,
+// not one ostringstream sequence per combination of types (bench/README.md, "Compile time
+// and memory"). Each piece prints as `out << piece` would.
+class message_piece {
+ public:
+  template <class T>
+  message_piece(const T& x) {  // NOLINT: every piece converts implicitly
+    if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+      kind_ = kind::text;
+      text_ = std::string_view(x);
+    } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> &&
+                         !std::is_same_v<T, char> && !std::is_same_v<T, signed char> &&
+                         !std::is_same_v<T, unsigned char> && std::is_signed_v<T>) {
+      kind_ = kind::signed_integer;
+      signed_ = static_cast<long long>(x);
+    } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> &&
+                         !std::is_same_v<T, char> && !std::is_same_v<T, signed char> &&
+                         !std::is_same_v<T, unsigned char>) {
+      kind_ = kind::unsigned_integer;
+      unsigned_ = static_cast<unsigned long long>(x);
+    } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      kind_ = kind::floating;
+      floating_ = static_cast<double>(x);  // exact; printed as the float would be
+    } else {
+      kind_ = kind::other;
+      other_ = {&x, [](std::ostream& out, const void* p) { out << *static_cast<const T*>(p); }};
+    }
+  }
+
+  void write(std::ostream& out) const {
+    switch (kind_) {
+      case kind::text: out << text_; break;
+      case kind::signed_integer: out << signed_; break;
+      case kind::unsigned_integer: out << unsigned_; break;
+      case kind::floating: out << floating_; break;
+      case kind::other: other_.write(out, other_.object); break;
+    }
+  }
+
+ private:
+  enum class kind : unsigned char { text, signed_integer, unsigned_integer, floating, other };
+  struct written {
+    const void* object;
+    void (*write)(std::ostream&, const void*);
+  };
+  kind kind_;
+  union {
+    std::string_view text_;
+    long long signed_;
+    unsigned long long unsigned_;
+    double floating_;
+    written other_;
+  };
+};
+
+inline std::string join_message(std::initializer_list<message_piece> pieces) {
   std::ostringstream out;
-  (out << ... << parts);
+  for (const message_piece& p : pieces) p.write(out);
   return out.str();
 }
+
 // Builds a message from pieces: detail::message("einsum \"", spec, "\": dim '", d, "'").
-// (A literal's type includes its length: passed on as such, every message with other
-// wording would compile its own ostringstream code; bench/README.md, "Compile time and
-// memory".)
 template <class... Parts>
 std::string message(const Parts&... parts) {
-  return message_of<std::decay_t<const Parts&>...>(parts...);
+  return join_message({message_piece(parts)...});
 }
 }  // namespace detail
 

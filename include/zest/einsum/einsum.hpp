@@ -71,19 +71,6 @@ template <class O>
 struct is_layout_type : std::false_type {};
 template <class... P>
 struct is_layout_type<layout<P...>> : std::true_type {};
-template <class O>
-requires requires { typename O::zest_layout_value_tag; }
-struct is_layout_type<O> : std::true_type {};
-
-// The forced layout's value for a tensor with dims Dims on Mesh.
-template <class Mesh, fixed_string Dims, class L>
-constexpr layout_value forced_layout_value() {
-  if constexpr (requires { typename L::zest_layout_value_tag; }) {
-    return L::value;
-  } else {
-    return layout_value_of<Mesh, Dims, L>;
-  }
-}
 
 // Sorts einsum<Spec, O1, O2>'s options into a policy and an optional forced layout.
 template <class O1, class O2>
@@ -199,7 +186,7 @@ struct einsum_traits {
       return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)));
     } else {
       constexpr layout_value forced =
-          forced_layout_value<mesh_type, output_dims<Spec, spec.output.size>(), forced_t>();
+          layout_value_of<mesh_type, output_dims<Spec, spec.output.size>(), forced_t>;
       return plan_einsum(spec, in, options::policy::ranking(sizeof...(X)), &forced);
     }
   }
@@ -280,42 +267,51 @@ constexpr bool einsum_valid() {
   return false;
 }
 
+// One operand as the extents check sees it: null extents for a tensor that was moved from.
+struct operand_extents {
+  const std::size_t* extents;
+};
+
 // Checks that every operand holds a value (not moved from) and every letter has one extent
 // across the operands (throws shape_error naming the spec, the operand, the dim and both
-// extents) and returns the output's global extents.
-template <fixed_string Spec, class... X>
-std::array<std::size_t, parsed_spec<Spec>.output.size> checked_output_extents(const X&... xs) {
-  static constexpr const einsum_spec& s = parsed_spec<Spec>;
+// extents) and writes the output's global extents to `out`. One function for every einsum.
+inline void check_einsum_extents(const einsum_spec& s, std::string_view spec,
+                                 std::span<const operand_extents> operands, std::size_t* out) {
   std::array<std::size_t, 128> extent{};
   std::array<int, 128> seen_in{};
   seen_in.fill(-1);
-  int operand = 0;
-  auto visit = [&](const auto& x) {
-    const auto& term = s.inputs[static_cast<std::size_t>(operand)];
-    if (x.is_moved_from()) [[unlikely]] {
-      throw shape_error(detail::message("zest: einsum \"", view_of<Spec>, "\": operand ", operand,
-                                        " (\"", term.view(),
+  for (std::size_t i = 0; i < operands.size(); ++i) {
+    const int operand = static_cast<int>(i);
+    const auto& term = s.inputs[i];
+    if (operands[i].extents == nullptr) [[unlikely]] {
+      throw shape_error(detail::message("zest: einsum \"", spec, "\": operand ", operand, " (\"",
+                                        term.view(),
                                         "\") is a tensor that was moved from; it holds nothing. "
                                         "Fix: pass the tensor it was moved into"));
     }
     for (std::size_t k = 0; k < term.size; ++k) {
       const auto u = static_cast<unsigned char>(term.letters[k]);
-      const std::size_t e = x.extents()[k];
+      const std::size_t e = operands[i].extents[k];
       if (seen_in[u] < 0) {
         seen_in[u] = operand;
         extent[u] = e;
       } else if (extent[u] != e) {
-        throw shape_error(detail::message(
-            "zest: einsum \"", view_of<Spec>, "\": dim '", term.letters[k], "' has extent ",
-            extent[u], " in operand ", seen_in[u], " but ", e, " in operand ", operand));
+        throw shape_error(detail::message("zest: einsum \"", spec, "\": dim '", term.letters[k],
+                                          "' has extent ", extent[u], " in operand ", seen_in[u],
+                                          " but ", e, " in operand ", operand));
       }
     }
-    ++operand;
-  };
-  (visit(xs), ...);
-  std::array<std::size_t, s.output.size> out{};
-  for (std::size_t k = 0; k < out.size(); ++k)
+  }
+  for (std::size_t k = 0; k < s.output.size; ++k)
     out[k] = extent[static_cast<unsigned char>(s.output.letters[k])];
+}
+
+template <fixed_string Spec, class... X>
+std::array<std::size_t, parsed_spec<Spec>.output.size> checked_output_extents(const X&... xs) {
+  const std::array<operand_extents, sizeof...(X)> operands{
+      operand_extents{xs.is_moved_from() ? nullptr : xs.extents().data()}...};
+  std::array<std::size_t, parsed_spec<Spec>.output.size> out{};
+  check_einsum_extents(parsed_spec<Spec>, view_of<Spec>, operands, out.data());
   return out;
 }
 

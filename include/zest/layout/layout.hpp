@@ -384,42 +384,12 @@ constexpr layout_value normalise_layout() {
   return check.value;
 }
 
-// A layout given as its normalised value, where a layout<...> type would do (a forced
-// einsum output, redistribute's target): autodiff's gradients (the dual of a layout is a
-// value) and layouts computed from other tensors' (zest/nn/tensor_parallel.hpp). nvcc cannot
-// turn a value back into a layout<...> type, so code it compiles uses this.
-template <layout_key L>
-struct layout_constant {
-  using zest_layout_value_tag = void;
-  static constexpr layout_value value = to_layout(L);
-};
-
-// Whether every dim that `v` splits is one of `dims`.
-constexpr bool splits_only(const layout_value& v, std::string_view dims) {
-  for (std::size_t a = 0; a < v.axis_count; ++a) {
-    if (v.is_split(a) && dims.find(v.axes[a].dim) == std::string_view::npos) return false;
-  }
-  return true;
-}
-
-template <class Mesh, fixed_string Dims, class L>
-constexpr layout_value layout_value_for() {
-  if constexpr (requires { typename L::zest_layout_value_tag; }) {
-    static_assert(
-        L::value.axis_count == Mesh::axis_names.size() && splits_only(L::value, view_of<Dims>),
-        "zest layout: a layout value (layout_constant) for another mesh, or splitting a "
-        "dim the tensor lacks. Fix: compute it from a layout of this mesh and dims.");
-    return L::value;
-  } else {
-    return normalise_layout<Mesh, Dims, L>();
-  }
-}
-
 }  // namespace detail
 
-// The normalised value of layout L for a tensor with dims Dims on mesh type Mesh: L a
-// layout<...> (checked, with one diagnostic per problem) or a detail::layout_constant.
+// The normalised value of layout L, a layout<...>, for a tensor with dims Dims on mesh type
+// Mesh (checked, with one diagnostic per problem). A layout known as a value is made a type
+// by layout_type_for (zest/layout/layout_of.hpp).
 template <class Mesh, fixed_string Dims, class L>
-inline constexpr layout_value layout_value_of = detail::layout_value_for<Mesh, Dims, L>();
+inline constexpr layout_value layout_value_of = detail::normalise_layout<Mesh, Dims, L>();
 
 }  // namespace zest

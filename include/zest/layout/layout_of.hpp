@@ -63,9 +63,44 @@ constexpr auto axis_name() {
   return out;
 }
 
-template <class Mesh, layout_key L, char Dim, std::size_t... K>
-constexpr auto split_of(std::index_sequence<K...>)
-    -> split<Dim, axis_name<Mesh, to_layout(L).split_axis(Dim, K)>()...>;
+// split<Dim, names...> of the Count axes that split Dim in L, major first. Written out for
+// each count rather than deduced from an index sequence: nvcc's front end does not deduce
+// split<Dim, axis_name<...>()...> (docs/design-notes.md, "Compiler notes").
+template <class Mesh, layout_key L, char Dim, std::size_t K>
+inline constexpr auto split_axis_name_v = axis_name<Mesh, to_layout(L).split_axis(Dim, K)>();
+template <class Mesh, layout_key L, char Dim, std::size_t Count>
+struct split_of;
+template <class Mesh, layout_key L, char Dim>
+struct split_of<Mesh, L, Dim, 1> {
+  using type = split<Dim, split_axis_name_v<Mesh, L, Dim, 0>>;
+};
+template <class Mesh, layout_key L, char Dim>
+struct split_of<Mesh, L, Dim, 2> {
+  using type = split<Dim, split_axis_name_v<Mesh, L, Dim, 0>, split_axis_name_v<Mesh, L, Dim, 1>>;
+};
+template <class Mesh, layout_key L, char Dim>
+struct split_of<Mesh, L, Dim, 3> {
+  using type = split<Dim, split_axis_name_v<Mesh, L, Dim, 0>, split_axis_name_v<Mesh, L, Dim, 1>,
+                     split_axis_name_v<Mesh, L, Dim, 2>>;
+};
+template <class Mesh, layout_key L, char Dim>
+struct split_of<Mesh, L, Dim, 4> {
+  using type = split<Dim, split_axis_name_v<Mesh, L, Dim, 0>, split_axis_name_v<Mesh, L, Dim, 1>,
+                     split_axis_name_v<Mesh, L, Dim, 2>, split_axis_name_v<Mesh, L, Dim, 3>>;
+};
+template <class Mesh, layout_key L, char Dim>
+struct split_of<Mesh, L, Dim, 5> {
+  using type = split<Dim, split_axis_name_v<Mesh, L, Dim, 0>, split_axis_name_v<Mesh, L, Dim, 1>,
+                     split_axis_name_v<Mesh, L, Dim, 2>, split_axis_name_v<Mesh, L, Dim, 3>,
+                     split_axis_name_v<Mesh, L, Dim, 4>>;
+};
+template <class Mesh, layout_key L, char Dim>
+struct split_of<Mesh, L, Dim, 6> {
+  using type = split<Dim, split_axis_name_v<Mesh, L, Dim, 0>, split_axis_name_v<Mesh, L, Dim, 1>,
+                     split_axis_name_v<Mesh, L, Dim, 2>, split_axis_name_v<Mesh, L, Dim, 3>,
+                     split_axis_name_v<Mesh, L, Dim, 4>, split_axis_name_v<Mesh, L, Dim, 5>>;
+};
+static_assert(max_axes == 6, "zest layout_type_for: split_of is written out for max_axes axes");
 
 // The placements that mesh axis A contributes: none for replicate and for the inner axes
 // of a nested split (they are written with the split's first axis).
@@ -76,8 +111,7 @@ constexpr auto placements_of_axis() {
   if constexpr (p.kind == placement_kind::partial) {
     return std::tuple<partial<axis_name<Mesh, A>()>>{};
   } else if constexpr (p.kind == placement_kind::split && p.order == 0) {
-    return std::tuple<decltype(split_of<Mesh, L, p.dim>(
-        std::make_index_sequence<v.split_count(p.dim)>{}))>{};
+    return std::tuple<typename split_of<Mesh, L, p.dim, v.split_count(p.dim)>::type>{};
   } else {
     return std::tuple<>{};
   }
@@ -97,7 +131,8 @@ auto layout_type_of(std::index_sequence<A...>) ->
 }  // namespace detail
 
 // layout_type_for<Mesh, L>::type, or the alias layout_type_of<Mesh, L> where L is not
-// dependent (g++ 12 crashes on aliases given a dependent class-type argument).
+// dependent (g++ 12 and dependent class-type arguments: see with_layout_for,
+// zest/tensor/tensor.hpp).
 template <class Mesh, layout_key L>
 struct layout_type_for {
   using type =

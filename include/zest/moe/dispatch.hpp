@@ -193,14 +193,14 @@ void check_same_extents(const A& a, const B& b, std::string_view a_name, std::st
 // Layouts.
 
 // expert_layout_of<ExpertAxis, D>: the layout (and type) of a dispatched "egcm" tensor D on
-// the experts' side. (A class, not an alias: g++ 12 and dependent class-type arguments.)
+// the experts' side.
 template <fixed_string ExpertAxis, sharded_tensor D>
 struct expert_layout_of {
   using mesh_type = typename D::mesh_type;
   static constexpr std::size_t axis = detail::axis_index_of<mesh_type>(view_of<ExpertAxis>);
   static constexpr layout_value layout =
       axis < mesh_type::axis_count ? detail::expert_side(D::layout, axis) : D::layout;
-  using type = basic_tensor<typename D::value_type, mesh_type, D::dims, layout>;
+  using type = typename with_layout_for<D, layout>::type;
 };
 
 // The dispatched tensor "egcm" moved to the experts' ranks: an all-to-all over ExpertAxis
@@ -385,7 +385,7 @@ auto combine_by_index(const autodiff::variable<Y>& y, const autodiff::variable<W
     using T = typename Y::value_type;
     using out_t = basic_tensor<T, typename Y::mesh_type, "gsm", Y::layout>;
     constexpr layout_value at = autodiff::detail::splits_of(Y::layout, "gsk");
-    using w_grad_t = typename autodiff::detail::relayout<W, autodiff::dual(at)>::type;
+    using w_grad_t = typename zest::with_layout_for<W, autodiff::dual(at)>::type;
     constexpr bool moved = W::layout != at;  // weight used through a copy in layout `at`
     const Y& yv = y.value();
     detail::check_same_extents<"combine_by_index">(expert_index, slot_index, "expert_index",

@@ -115,7 +115,7 @@ constexpr layout_value expert_gradient_layout(layout_value w, const layout_value
 template <class W, class X, std::size_t Axis>
 struct expert_gradient {
   static constexpr layout_value layout = expert_gradient_layout(W::layout, X::layout, Axis);
-  using type = typename autodiff::detail::relayout<W, layout>::type;
+  using type = typename zest::with_layout_for<W, layout>::type;
 };
 
 template <fixed_string ExpertAxis, class X>
@@ -227,7 +227,7 @@ auto dropless(const autodiff::variable<X>& x, const autodiff::variable<Wt>& weig
   using B = typename X::backend_type;
   constexpr std::size_t axis = axis_index_of<Mesh>(view_of<ExpertAxis>);
   constexpr layout_value at_gsk = autodiff::detail::splits_of(X::layout, "gsk");
-  using w_grad_t = typename autodiff::detail::relayout<Wt, autodiff::dual(at_gsk)>::type;
+  using w_grad_t = typename zest::with_layout_for<Wt, autodiff::dual(at_gsk)>::type;
   constexpr bool moved = Wt::layout != at_gsk;
   using g1_t = typename expert_gradient<W1, X, axis>::type;
   using g2_t = typename expert_gradient<W2, X, axis>::type;

@@ -101,8 +101,8 @@ struct routing {
   std::size_t capacity = 0;
 };
 
-// The routing type of logits L (a class: g++ 12 crashes on an alias given a dependent
-// class-type argument; routing_of<L> is the alias for code where L is not dependent).
+// The routing type of logits L (a class, and routing_of<L> the alias for code where L is not
+// dependent: see with_layout_for, zest/tensor/tensor.hpp).
 template <sharded_tensor L>
 struct routing_for {
   using type = routing<typename L::mesh_type, L::layout, typename L::value_type>;

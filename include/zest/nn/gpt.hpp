@@ -81,8 +81,7 @@ inline model_shape gpt_shape(const gpt_options& o, std::size_t tp = 1, std::size
   add("wte", {vocab, w});
   add("wpe", {o.context, w});
   for (std::size_t l = 0; l < o.layers; ++l) {
-    std::string p = "h";  // appended: g++ 12 warns falsely (-Wrestrict) on "h" + ...
-    p += std::to_string(l);
+    const std::string p = detail::message("h", l);
     add(p + ".ln_1.weight", {w});
     add(p + ".ln_1.bias", {w});
     for (const char* qkv : {".attn.q", ".attn.k", ".attn.v"}) {
@@ -135,8 +134,7 @@ class gpt {
     b.gating = o.gating;
     for (std::size_t l = 0; l < o.layers; ++l) {
       b.moe = o.moe && o.moe_every > 0 && l % o.moe_every == o.moe_every - 1;
-      std::string name = "h";  // appended: g++ 12 warns falsely (-Wrestrict) on "h" + ...
-      name += std::to_string(l);
+      const std::string name = detail::message("h", l);
       blocks_.push_back(std::make_unique<transformer_block<P>>(engine, name, b));
     }
     head_group_ = engine.begin_group("head");

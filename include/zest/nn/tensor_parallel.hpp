@@ -41,6 +41,7 @@
 
 #include "zest/autodiff/tape.hpp"
 #include "zest/layout/layout.hpp"
+#include "zest/layout/layout_of.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/tensor/tensor.hpp"
 #include "zest/zero/training_policy.hpp"
@@ -73,7 +74,8 @@ constexpr layout_value released_axis(layout_value v, std::size_t x) {
 // weight's Base (as a layout value: see layout_like below).
 template <training_policy_type P, char D>
 using split_over_tp =
-    detail::layout_constant<detail::split_on_axis(P::mesh_type::axis_count, D, P::tensor_axis)>;
+    typename layout_type_for<typename P::mesh_type, detail::split_on_axis(P::mesh_type::axis_count,
+                                                                          D, P::tensor_axis)>::type;
 
 namespace detail {
 template <class X>
@@ -106,24 +108,29 @@ constexpr layout_value moved_over_sp(layout_value v, std::size_t sp) {
 }
 }  // namespace detail
 
-// Layouts as types, for autodiff::redistribute<L> and einsum's forced layout, given by
-// their values (detail::layout_constant: nvcc cannot turn a value back into layout<...>). X
-// is a tensor type or an autodiff variable.
+// Layouts as types (layout<...>, built from their values by layout_type_for), for
+// autodiff::redistribute<L> and einsum's forced layout. X is a tensor type or an autodiff
+// variable.
 //
 // X's own layout: for another tensor laid out alike (dims that X splits, some of its own).
 template <class X>
-using layout_like = detail::layout_constant<detail::tensor_of<X>::type::layout>;
+using layout_like = typename layout_type_for<typename detail::tensor_of<X>::type::mesh_type,
+                                             detail::tensor_of<X>::type::layout>::type;
 // X's layout, whole on policy P's tensor-parallel axis: what a tensor-parallel region takes
 // in. From a sequence-parallel stream (split(t:tp)) it is an all-gather over tp; otherwise
 // X's own layout.
 template <training_policy_type P, class X, class T = typename detail::tensor_of<X>::type>
-using tp_region_input = detail::layout_constant<detail::released_axis(T::layout, P::tensor_axis)>;
+using tp_region_input =
+    typename layout_type_for<typename T::mesh_type,
+                             detail::released_axis(T::layout, P::tensor_axis)>::type;
 // X's layout, whole on P's tensor- and sequence-parallel axes (tp nests inside sp on the
 // sequence): what a layer that needs every token of a sequence takes in (the experts:
 // capacity is counted along a sequence).
 template <training_policy_type P, class X, class T = typename detail::tensor_of<X>::type>
-using sequence_whole = detail::layout_constant<detail::released_axis(
-    detail::released_axis(T::layout, P::tensor_axis), P::sequence_axis)>;
+using sequence_whole =
+    typename layout_type_for<typename T::mesh_type,
+                             detail::released_axis(detail::released_axis(T::layout, P::tensor_axis),
+                                                   P::sequence_axis)>::type;
 
 // x brought whole on P's tensor-parallel axis (tp_region_input): an all-gather from a
 // sequence-parallel stream, x itself otherwise (no copy, no tape step).
@@ -139,8 +146,8 @@ auto whole_on_tp(const autodiff::variable<X>& x) {
 //   q "btnd" split(t:sp)  -> across_sp<P, 't', 'n'>(q) -> split(n:sp): every query of its heads
 template <training_policy_type P, char From, char To, sharded_tensor X>
 auto across_sp(const autodiff::variable<X>& x) {
-  return autodiff::redistribute<
-      detail::layout_constant<detail::moved_over_sp<From, To>(X::layout, P::sequence_axis)>>(x);
+  return autodiff::redistribute<detail::moved_over_sp<From, To>(layout_value(X::layout),
+                                                                P::sequence_axis)>(x);
 }
 
 }  // namespace zest

@@ -45,7 +45,17 @@ namespace detail {
 
 // Carries out a plan on one shard (a group of one); `from` may be a run-time value (tests
 // sweep all pairs). The shard is either borrowed (a span, read by the first step) or handed
-// over (a buffer).
+// over (a buffer). One function per element type, mesh and backend, whatever the dims: the
+// typed overloads below only name the dims and extents.
+template <class T, class Mesh, class Backend, class Data>
+typename Backend::template buffer<T> run_shard_transition(
+    const transition_plan& plan, std::string_view dims, const layout_value& from,
+    const shard_extents& local, Data&& data, const shard_extents& global, const Mesh& mesh) {
+  transition_group<T, Mesh, Backend> g(mesh);
+  g.add(dims, from, plan, global, local, std::forward<Data>(data));
+  g.run();
+  return g.release(0);
+}
 template <fixed_string Dims, class T, class Mesh, std::size_t Rank,
           class Backend = backend_of<Mesh>>
 typename Backend::template buffer<T> run_transition(const transition_plan& plan,
@@ -54,10 +64,8 @@ typename Backend::template buffer<T> run_transition(const transition_plan& plan,
                                                     std::span<const T> data,
                                                     const std::array<std::size_t, Rank>& global,
                                                     const Mesh& mesh) {
-  transition_group<T, Mesh, Backend> g(mesh);
-  g.add(view_of<Dims>, from, plan, to_shard_extents(global), to_shard_extents(local), data);
-  g.run();
-  return g.release(0);
+  return run_shard_transition<T, Mesh, Backend>(plan, view_of<Dims>, from, to_shard_extents(local),
+                                                data, to_shard_extents(global), mesh);
 }
 template <fixed_string Dims, class Buffer, class Mesh, std::size_t Rank,
           class Backend = backend_of<Mesh>>
@@ -65,12 +73,9 @@ requires(!std::is_lvalue_reference_v<Buffer>) Buffer
     run_transition(const transition_plan& plan, const layout_value& from,
                    const std::array<std::size_t, Rank>& local, Buffer&& data,
                    const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
-  using T = typename Buffer::value_type;
-  transition_group<T, Mesh, Backend> g(mesh);
-  g.add(view_of<Dims>, from, plan, to_shard_extents(global), to_shard_extents(local),
-        std::move(data));
-  g.run();
-  return g.release(0);
+  return run_shard_transition<typename Buffer::value_type, Mesh, Backend>(
+      plan, view_of<Dims>, from, to_shard_extents(local), std::move(data), to_shard_extents(global),
+      mesh);
 }
 }  // namespace detail
 

@@ -298,9 +298,18 @@ concept sharded_tensor = requires {
 template <sharded_tensor X, class L>
 inline constexpr bool has_layout = X::layout == layout_value_of<typename X::mesh_type, X::dims, L>;
 
-// The same tensor type with another layout.
+// The same tensor type with another layout: with_layout<X, L>, or with_layout_for<X, L>::type
+// in a template where L is computed from a dependent type (with_layout<X, dual(X::layout)>):
+// g++ 12 crashes on an alias template given a dependent call as a class-type argument, and
+// not on a class template. zest's own templates spell "X laid out as L" with the class; the
+// other types computed from a dependent layout (layout_type_for, moe::routing_for) are
+// classes for the same reason.
 template <sharded_tensor X, layout_key L>
-using with_layout = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, L>;
+struct with_layout_for {
+  using type = basic_tensor<typename X::value_type, typename X::mesh_type, X::dims, L>;
+};
+template <sharded_tensor X, layout_key L>
+using with_layout = typename with_layout_for<X, L>::type;
 
 // "split(b:dp) partial(tp)"
 template <sharded_tensor X>

@@ -3,11 +3,14 @@
 //   using policy = zest::training_policy<zest::mesh<"dp">, zest::zero_stage<3>, zest::bfloat16>;
 //   zest::parameter<policy, "mh"> w(engine, "fc.weight", {m, h}, zest::init::normal(0.02));
 //
-// A parameter is the set of its model states, each a typed sharded tensor whose layout the
-// stage chooses (zest/zero/stage.hpp): stored (the working copy between uses), compute
-// (what einsums use: a tape variable, fp32), gradient (the dual of compute: partial over the
-// data axes), gradient buffer (what the gradient costs between backward and the step),
-// master and optimizer state (fp32; the optimizer updates the shard this rank owns).
+// A parameter is the set of its model states, each a shard of a layout that the stage
+// chooses (zest/zero/stage.hpp): stored (the working copy between uses), compute (what
+// einsums use: a tape variable, fp32), gradient (the dual of compute: partial over the data
+// axes), gradient buffer (what the gradient costs between backward and the step), master and
+// optimizer state (fp32; the optimizer updates the shard this rank owns). Only the compute
+// value and the gradient are typed tensors (the tape's); the other states are buffers of
+// the policy's element types, held by the dims-independent part (detail::parameter_slot),
+// and typed tensors only where a caller asks for a copy (stored(), moment1(), ...).
 //
 //   stage 3, bf16:  stored   bfloat16 split(m:dp)      compute   float replicate
 //                   gradient float partial(dp)         buffer    bfloat16 split(m:dp)
@@ -115,10 +118,11 @@ constexpr layout_value reduce_other_axes(layout_value g, const layout_value& kep
 }
 
 // One model state of a parameter as the mover sees it (zest/tensor/transition_group.hpp):
-// its layout and this rank's extents.
+// its layout and this rank's block (extents, and offsets in the global tensor).
 struct state_shard {
   layout_value layout{};
   shard_extents local{};
+  shard_extents offsets{};
 };
 
 // What the engine needs of a parameter, whatever its dims: the type-erased side of
@@ -159,7 +163,7 @@ class parameter_slot {
   }
   // Elements this rank holds of the stored copy, and of the compute value (its block on the
   // mesh's other axes: what the data axes' collectives move).
-  std::size_t stored_elements() const { return stored_view_->size(); }
+  std::size_t stored_elements() const { return stored_data_.size(); }
   std::size_t compute_elements() const { return elements(compute_); }
 
   // ----- The transitions the engine runs in groups ---------------------------------------
@@ -172,7 +176,7 @@ class parameter_slot {
             std::span<const param_type>(secondary_data_.data(), secondary_data_.size()));
     } else {
       g.add(dims_, stored_.layout, gather_plan_, global_, stored_.local,
-            std::span<const param_type>(stored_view_->data(), stored_view_->size()));
+            std::span<const param_type>(stored_data_.data(), stored_data_.size()));
     }
   }
   // hpZ: the forward gather's result -> the secondary copy (slices: no communication), read
@@ -204,7 +208,7 @@ class parameter_slot {
   // reduce-scatter under 2 and 3); add_reduced adds the result into the buffer.
   virtual void add_gradient_reduction(mover<grad_type>& g) = 0;
   void add_reduced(buffer<grad_type>&& reduced) {
-    accumulate<backend_t>(buffer_view_->data(), reduced.data(), buffer_view_->size());
+    accumulate<backend_t>(buffer_data_.data(), reduced.data(), buffer_data_.size());
   }
   // Stage 1: adds the whole gradient into the (partial) gradient buffer, without moving it.
   virtual void add_gradient_to_buffer() = 0;
@@ -212,15 +216,15 @@ class parameter_slot {
   // in place; take_kept keeps the result for the optimizer.
   void add_buffer_reduction(mover<grad_type>& g) const {
     g.add(dims_, buffer_.layout, buffer_plan_, global_, buffer_.local,
-          std::span<const grad_type>(buffer_view_->data(), buffer_view_->size()));
+          std::span<const grad_type>(buffer_data_.data(), buffer_data_.size()));
   }
   void take_kept(buffer<grad_type>&& kept) { kept_.emplace(std::move(kept)); }
 
   // Persistent gradient buffer (gradient_buffer layout) and the kept gradient (what the
   // optimizer reads: kept_gradient layout).
-  std::span<grad_type> gradient_buffer() { return {buffer_view_->data(), buffer_view_->size()}; }
+  std::span<grad_type> gradient_buffer() { return {buffer_data_.data(), buffer_data_.size()}; }
   std::span<const grad_type> kept_gradient() const {
-    if (kept_is_buffer_) return {buffer_view_->data(), buffer_view_->size()};
+    if (kept_is_buffer_) return {buffer_data_.data(), buffer_data_.size()};
     return kept_ ? std::span<const grad_type>(kept_->data(), kept_->size())
                  : std::span<const grad_type>{};
   }
@@ -232,35 +236,53 @@ class parameter_slot {
   // Hands `visit` each model state a checkpoint holds, as the record of this rank's block
   // (zest/io/tensor_record.hpp: what tensors of every dims and layout reduce to): the stored
   // copy ("name"), the fp32 master if separate ("name.master") and Adam's moments
-  // ("name.adam_m", "name.adam_v"). Records view the tensors: they live as long as this.
-  virtual void visit_states(const std::function<void(io::tensor_record)>& visit) = 0;
+  // ("name.adam_m", "name.adam_v"). Records view the shards: they live as long as this.
+  void visit_states(const std::function<void(io::tensor_record)>& visit) {
+    visit(record_of(name_, stored_, stored_data_));
+    if constexpr (P::has_master) visit(record_of(name_ + ".master", master_, master_data_));
+    visit(record_of(name_ + ".adam_m", optimizer_, m_data_));
+    visit(record_of(name_ + ".adam_v", optimizer_, v_data_));
+  }
   // The whole stored value on every rank, as floats (collective: for checks and reports).
-  virtual std::vector<float> whole_value() const = 0;
+  std::vector<float> whole_value() const {
+    const layout_value whole = replicated_layout(mesh_type::axis_count);
+    mover<param_type> g(*mesh_);
+    g.add(dims_, stored_.layout,
+          cached_transition_plan(stored_.layout, whole,
+                                 make_transition_shape(dims_, global_, mesh_->sizes())),
+          global_, stored_.local,
+          std::span<const param_type>(stored_data_.data(), stored_data_.size()));
+    g.run();
+    const buffer<param_type> all = g.release(0);
+    host_vector<param_type> host(all.size());
+    backend_t::to_host(std::span<const param_type>(all.data(), all.size()), host.data());
+    return std::vector<float>(host.begin(), host.end());
+  }
 
   // The fp32 values the optimizer updates (the master shard), Adam's m and v.
   std::span<float> master() {
     if constexpr (P::has_master) {
-      return {master_view_->data(), master_view_->size()};
+      return {master_data_.data(), master_data_.size()};
     } else if (master_is_stored_) {
-      return {stored_view_->data(), stored_view_->size()};  // fp32: the stored copy is the master
+      return {stored_data_.data(), stored_data_.size()};  // fp32: the stored copy is the master
     } else {
       // fp32 under stages 1, 2: the master is this rank's block of the replicated copy (a
       // slice, no communication), updated and then published back by the all-gather.
       mover<float> g(*mesh_);
       g.add(dims_, stored_.layout, master_plan_, global_, stored_.local,
-            std::span<const float>(stored_view_->data(), stored_view_->size()));
+            std::span<const float>(stored_data_.data(), stored_data_.size()));
       g.run();
       scratch_ = g.release(0);
       return {scratch_.data(), scratch_.size()};
     }
   }
-  std::span<float> adam_m() { return {m_view_->data(), m_view_->size()}; }
-  std::span<float> adam_v() { return {v_view_->data(), v_view_->size()}; }
+  std::span<float> adam_m() { return {m_data_.data(), m_data_.size()}; }
+  std::span<float> adam_v() { return {v_data_.data(), v_data_.size()}; }
   // Stages 0, 3 after the update: the stored copy from the master.
   void store_from_master() {
     if constexpr (P::has_master) {
-      convert<backend_t>(std::span<const float>(master_view_->data(), master_view_->size()),
-                         std::span<param_type>(stored_view_->data(), stored_view_->size()));
+      convert<backend_t>(std::span<const float>(master_data_.data(), master_data_.size()),
+                         std::span<param_type>(stored_data_.data(), stored_data_.size()));
     }
   }
   // Stages 1, 2 after the update: the updated shard (the master's layout, in the parameter's
@@ -268,15 +290,15 @@ class parameter_slot {
   // the result the stored copy.
   void add_publish(mover<param_type>& g) {
     if constexpr (P::has_master) {
-      buffer<param_type> shard(master_view_->size());
-      convert<backend_t>(std::span<const float>(master_view_->data(), master_view_->size()),
+      buffer<param_type> shard(master_data_.size());
+      convert<backend_t>(std::span<const float>(master_data_.data(), master_data_.size()),
                          std::span<param_type>(shard.data(), shard.size()));
       g.add(dims_, master_.layout, publish_plan_, global_, master_.local, std::move(shard));
     } else {
       g.add(dims_, master_.layout, publish_plan_, global_, master_.local, std::move(scratch_));
     }
   }
-  void take_published(buffer<param_type>&& stored) { *stored_view_ = std::move(stored); }
+  void take_published(buffer<param_type>&& stored) { stored_data_ = std::move(stored); }
 
  protected:
   std::size_t elements(const state_shard& s) const {
@@ -284,13 +306,54 @@ class parameter_slot {
     for (std::size_t i = 0; i < dims_.size(); ++i) n *= s.local[i];
     return n;
   }
-  // This rank's extents of `layout` for the parameter's dims.
-  shard_extents local_of(const layout_value& layout) const {
-    shard_extents out{};
+  // This rank's block of `layout` for the parameter's dims.
+  state_shard shard_of(const layout_value& layout) const {
+    state_shard out{layout, {}, {}};
     for (std::size_t i = 0; i < dims_.size(); ++i) {
-      out[i] = dim_range(layout, dims_[i], global_[i], mesh_->sizes(), mesh_->coords()).size;
+      const block_range r =
+          dim_range(layout, dims_[i], global_[i], mesh_->sizes(), mesh_->coords());
+      out.local[i] = r.size;
+      out.offsets[i] = r.offset;
     }
     return out;
+  }
+  // A zero shard of `s`, and one holding the initial values init(seed, global index) (zeros
+  // on the ranks that hold no summand of a partial axis, as basic_tensor::generate).
+  template <class T>
+  buffer<T> zeros(const state_shard& s) const {
+    buffer<T> out(elements(s));
+    backend_t::fill(out.data(), out.size(), T{});
+    return out;
+  }
+  template <class T>
+  buffer<T> initial(const state_shard& s, std::uint64_t seed, const initializer& init) const {
+    for (std::size_t a = 0; a < mesh_type::axis_count; ++a) {
+      if (s.layout.is_partial(a) && mesh_->coord(a) != 0) return zeros<T>(s);
+    }
+    auto values = initial_values<T>(dims_.size(), global_.data(), s.offsets.data(), s.local.data(),
+                                    seed, init);
+    if constexpr (std::is_same_v<buffer<T>, host_vector<T>>) {
+      return values;
+    } else {
+      return backend_t::template from_host<T>(std::span<const T>(values.data(), values.size()));
+    }
+  }
+  // The checkpoint record of state `s` (never partial: the stage's stored, master and
+  // optimizer layouts are not), viewing `data`.
+  template <class T>
+  io::tensor_record record_of(std::string name, const state_shard& s, buffer<T>& data) const {
+    bool writes = true;
+    for (std::size_t a = 0; a < mesh_type::axis_count; ++a) {
+      if (s.layout.is_replicate(a) && mesh_->coord(a) != 0) writes = false;
+    }
+    const std::size_t rank = dims_.size();
+    io::tensor_record r = io::detail::make_record_of(
+        std::move(name), dims_, dtype_of<T>(), std::span<const std::size_t>(global_.data(), rank),
+        std::span<const std::size_t>(s.offsets.data(), rank),
+        std::span<const std::size_t>(s.local.data(), rank),
+        to_string(s.layout, std::span<const std::string_view>(mesh_type::axis_names)), writes);
+    io::detail::stage<backend_t>(r, std::span<T>(data.data(), data.size()));
+    return r;
   }
   // The cheapest plan over the data axes alone, the axes whose placements the stage's
   // layouts change (searched over every axis, a stage-0 all-reduce could go through the
@@ -301,19 +364,23 @@ class parameter_slot {
         from.layout, to.layout,
         zero_transition_shape(dims_, global_, mesh_->sizes(), P::replica_mask), P::data_mask);
   }
-  // Set by the parameter's constructor, after dims_, global_ and mesh_.
-  void describe_states(const zero_layouts& l, const layout_value& reduced_gradient) {
+  // Called by the parameter's constructor, after dims_, global_ and mesh_: the states'
+  // layouts and the plans between them; the stored copy and the master hold their initial
+  // values, the gradient buffer and Adam's moments zeros.
+  void create_states(const zero_layouts& l, const layout_value& reduced_gradient,
+                     std::uint64_t seed, const initializer& init) {
     if (l.secondary.axis_count != 0) {
-      secondary_ = {l.secondary, local_of(l.secondary)};
-      keep_plan_ = plan_between({l.compute, local_of(l.compute)}, secondary_);
-      regather_plan_ = plan_between(secondary_, {l.compute, local_of(l.compute)});
+      secondary_ = shard_of(l.secondary);
+      keep_plan_ = plan_between(shard_of(l.compute), secondary_);
+      regather_plan_ = plan_between(secondary_, shard_of(l.compute));
     }
-    stored_ = {l.stored, local_of(l.stored)};
-    compute_ = {l.compute, local_of(l.compute)};
-    reduced_gradient_ = {reduced_gradient, local_of(reduced_gradient)};
-    buffer_ = {l.gradient_buffer, local_of(l.gradient_buffer)};
-    const state_shard kept{l.kept_gradient, local_of(l.kept_gradient)};
-    master_ = {l.master, local_of(l.master)};
+    stored_ = shard_of(l.stored);
+    compute_ = shard_of(l.compute);
+    reduced_gradient_ = shard_of(reduced_gradient);
+    buffer_ = shard_of(l.gradient_buffer);
+    const state_shard kept = shard_of(l.kept_gradient);
+    master_ = shard_of(l.master);
+    optimizer_ = shard_of(l.optimizer_state);
     gather_plan_ = plan_between(stored_, compute_);
     reduce_plan_ = plan_between(reduced_gradient_, buffer_);
     buffer_plan_ = plan_between(buffer_, kept);
@@ -321,6 +388,16 @@ class parameter_slot {
     master_plan_ = plan_between(stored_, master_);
     kept_is_buffer_ = l.kept_gradient == l.gradient_buffer;
     master_is_stored_ = l.master == l.stored;
+    stored_data_ = initial<param_type>(stored_, seed, init);
+    if constexpr (P::has_master) master_data_ = initial<float>(master_, seed, init);
+    buffer_data_ = zeros<grad_type>(buffer_);
+    m_data_ = zeros<float>(optimizer_);
+    v_data_ = zeros<float>(optimizer_);
+    // Each element of the global gradient counts once in a norm: on every axis where the
+    // kept layout is replicated, only coordinate 0 counts.
+    for (std::size_t a = 0; a < mesh_type::axis_count; ++a) {
+      if (l.kept_gradient.is_replicate(a) && mesh_->coord(a) != 0) kept_counted_ = false;
+    }
   }
 
   std::string name_;
@@ -328,7 +405,7 @@ class parameter_slot {
   const mesh_type* mesh_ = nullptr;
   std::string_view dims_;
   shard_extents global_{};
-  state_shard stored_, compute_, reduced_gradient_, buffer_, master_;
+  state_shard stored_, compute_, reduced_gradient_, buffer_, master_, optimizer_;
   transition_plan gather_plan_{}, reduce_plan_{}, buffer_plan_{}, publish_plan_{}, master_plan_{};
   // hpZ: the secondary copy's layout, its plans from and to the compute value, its data
   // between a group's forward and backward.
@@ -339,10 +416,12 @@ class parameter_slot {
   bool kept_is_buffer_ = true;    // kept_gradient and gradient_buffer layouts agree
   bool kept_counted_ = true;      // this rank's kept block counts in a global norm
   bool master_is_stored_ = true;  // fp32: master and stored layouts agree
-  buffer<param_type>* stored_view_ = nullptr;
-  buffer<grad_type>* buffer_view_ = nullptr;
-  buffer<float>*m_view_ = nullptr, *v_view_ = nullptr;
-  buffer<float>* master_view_ = nullptr;  // 16-bit policies
+  // The states' shards: the stored copy, the gradient buffer, Adam's moments, the fp32
+  // master (16-bit policies).
+  buffer<param_type> stored_data_;
+  buffer<grad_type> buffer_data_;
+  buffer<float> m_data_, v_data_;
+  buffer<float> master_data_;
   std::optional<buffer<grad_type>> kept_;
   // fp32 stages 1, 2: this rank's block of the stored copy during a step.
   buffer<float> scratch_;
@@ -374,6 +453,8 @@ class parameter final : public detail::parameter_slot<P> {
   using typename detail::parameter_slot<P>::grad_type;
   template <class T>
   using mover = typename detail::parameter_slot<P>::template mover<T>;
+  template <class T>
+  using buffer = typename detail::parameter_slot<P>::template buffer<T>;
   static constexpr fixed_string dims = Dims;
   static constexpr zero_layouts layouts{
       detail::on_data_axes(base, z.stored, data),
@@ -389,6 +470,7 @@ class parameter final : public detail::parameter_slot<P> {
   static constexpr layout_value reduced_gradient =
       detail::reduce_other_axes(layouts.gradient, layouts.kept_gradient, data);
 
+  // The states as typed tensors (copies: stored(), gradient_buffer_tensor(), ...).
   using stored_tensor = basic_tensor<param_type, mesh_t, Dims, layouts.stored>;
   using compute_tensor = basic_tensor<float, mesh_t, Dims, layouts.compute>;
   using gradient_tensor = basic_tensor<float, mesh_t, Dims, layouts.gradient>;
@@ -402,36 +484,13 @@ class parameter final : public detail::parameter_slot<P> {
   // Registers itself with the engine's current group.
   parameter(zero_engine<P>& engine, std::string name, const extents_type& extents,
             const initializer& init, bool decay = true)
-      : engine_(&engine),
-        extents_(extents),
-        stored_(engine.mesh(), extents, stored_tensor::uninitialized),
-        buffer_(engine.mesh(), extents),
-        m_(engine.mesh(), extents),
-        v_(engine.mesh(), extents) {
+      : engine_(&engine), extents_(extents) {
     this->name_ = std::move(name);
     this->decay_ = decay;
     this->mesh_ = &engine.mesh();
     this->dims_ = view_of<Dims>;
     this->global_ = detail::to_shard_extents(extents);
-    const std::uint64_t seed = engine.seed_for(this->name_);
-    detail::initialise(stored_, seed, init);
-    if constexpr (P::has_master) {
-      master_.emplace(engine.mesh(), extents, state_tensor::uninitialized);
-      detail::initialise(*master_, seed, init);
-      this->master_view_ = &master_->storage();
-    }
-    this->stored_view_ = &stored_.storage();
-    this->buffer_view_ = &buffer_.storage();
-    this->m_view_ = &m_.storage();
-    this->v_view_ = &v_.storage();
-    this->describe_states(layouts, reduced_gradient);
-    // Each element of the global gradient counts once in a norm: on every axis where the
-    // kept layout is replicated, only coordinate 0 counts.
-    for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
-      if (layouts.kept_gradient.is_replicate(a) && this->mesh_->coord(a) != 0) {
-        this->kept_counted_ = false;
-      }
-    }
+    this->create_states(layouts, reduced_gradient, engine.seed_for(this->name_), init);
     engine.add(*this);
   }
 
@@ -449,20 +508,20 @@ class parameter final : public detail::parameter_slot<P> {
   }
   operator const variable_type&() const { return value(); }  // NOLINT: reads like the value
 
-  const stored_tensor& stored() const { return stored_; }
-  stored_tensor& stored() { return stored_; }
-  const buffer_tensor& gradient_buffer_tensor() const { return buffer_; }
-  buffer_tensor& gradient_buffer_tensor() { return buffer_; }
-  const state_tensor& moment1() const { return m_; }
-  const state_tensor& moment2() const { return v_; }
-  state_tensor& moment1() { return m_; }
-  state_tensor& moment2() { return v_; }
+  // Copies of the states as typed tensors, for inspection (compiled only where called).
+  stored_tensor stored() const { return copy_as<stored_tensor>(this->stored_data_); }
+  buffer_tensor gradient_buffer_tensor() const {
+    return copy_as<buffer_tensor>(this->buffer_data_);
+  }
+  state_tensor moment1() const { return copy_as<state_tensor>(this->m_data_); }
+  state_tensor moment2() const { return copy_as<state_tensor>(this->v_data_); }
   // fp32 master weights (16-bit policies only).
-  state_tensor& master_tensor() requires(P::has_master) { return *master_; }
-  const state_tensor& master_tensor() const requires(P::has_master) { return *master_; }
+  state_tensor master_tensor() const requires(P::has_master) {
+    return copy_as<state_tensor>(this->master_data_);
+  }
 
   // --- parameter_slot: what depends on the tensors' types --------------------------------
-  void take_gathered(typename stored_tensor::storage_type&& value) override {
+  void take_gathered(buffer<param_type>&& value) override {
     if constexpr (std::is_same_v<param_type, float>) {
       set_compute(std::move(value));  // the gathered copy is the compute value
     } else {
@@ -475,8 +534,9 @@ class parameter final : public detail::parameter_slot<P> {
   }
   void compute_from_stored() override {
     // Stored and compute differ only on the data axes (replicate for stages 0-2).
-    typename compute_tensor::storage_type v(stored_.local_count());
-    detail::convert<backend_t>(std::span<const param_type>(stored_.local()),
+    const auto& stored = this->stored_data_;
+    typename compute_tensor::storage_type v(stored.size());
+    detail::convert<backend_t>(std::span<const param_type>(stored.data(), stored.size()),
                                std::span<float>(v.data(), v.size()));
     set_compute(std::move(v));
   }
@@ -500,7 +560,7 @@ class parameter final : public detail::parameter_slot<P> {
       g.add(this->dims_, from.layout, this->reduce_plan_, this->global_, from.local,
             std::move(grad_->storage()));
     } else {
-      typename buffer_tensor::storage_type send(grad_->local_count());
+      buffer<grad_type> send(grad_->local_count());
       detail::convert<backend_t>(std::span<const float>(std::as_const(*grad_).local()),
                                  std::span<grad_type>(send.data(), send.size()));
       g.add(this->dims_, from.layout, this->reduce_plan_, this->global_, from.local,
@@ -510,30 +570,16 @@ class parameter final : public detail::parameter_slot<P> {
   }
   void add_gradient_to_buffer() override {
     take_gradient();
-    detail::accumulate<backend_t>(buffer_.storage().data(), std::as_const(*grad_).local().data(),
-                                  buffer_.local_count());
+    detail::accumulate<backend_t>(this->buffer_data_.data(), std::as_const(*grad_).local().data(),
+                                  this->buffer_data_.size());
     grad_.reset();
   }
 
-  // f(name, tensor) for each model state a checkpoint holds, with its own type (what
-  // visit_states hands on as records).
-  template <class F>
-  void for_each_state(F&& f) {
-    f(this->name_, stored_);
-    if constexpr (P::has_master) f(this->name_ + ".master", *master_);
-    f(this->name_ + ".adam_m", m_);
-    f(this->name_ + ".adam_v", v_);
-  }
-  void visit_states(const std::function<void(io::tensor_record)>& visit) override {
-    for_each_state([&](std::string name, auto& t) { visit(io::record(std::move(name), t)); });
-  }
-
-  std::vector<float> whole_value() const override {
-    const auto all = to_global(stored_);
-    return std::vector<float>(all.begin(), all.end());
-  }
-
  private:
+  template <class Tensor, class Buffer>
+  Tensor copy_as(const Buffer& data) const {
+    return Tensor(*this->mesh_, extents_, typename Tensor::storage_type(data));
+  }
   // The compute value from storage of its local size: the pending value before the tape
   // holds it (forward), the variable's value after (backward's regather, stage 3).
   void set_compute(typename compute_tensor::storage_type&& v) {
@@ -556,10 +602,6 @@ class parameter final : public detail::parameter_slot<P> {
 
   const zero_engine<P>* engine_;
   extents_type extents_;
-  stored_tensor stored_;
-  buffer_tensor buffer_;
-  state_tensor m_, v_;
-  std::optional<state_tensor> master_;
   std::optional<compute_tensor> pending_;
   std::optional<variable_type> var_;
   std::optional<reduced_gradient_tensor> grad_;

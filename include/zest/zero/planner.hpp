@@ -120,9 +120,7 @@ inline model_shape gpt_model(const gpt_config& c, std::string name = "gpt") {
   add("wte", {c.vocab, w});
   add("wpe", {c.context, w});
   for (std::size_t l = 0; l < c.layers; ++l) {
-    std::string p = "h";  // appended, not "h" + ...: g++ 12 warns falsely (-Wrestrict) on that
-    p += std::to_string(l);
-    p += '.';
+    const std::string p = detail::message("h", l, '.');
     add(p + "ln_1.weight", {w});
     add(p + "ln_1.bias", {w});
     add(p + "attn.qkv.weight", {w, 3 * w});

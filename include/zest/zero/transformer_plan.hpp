@@ -153,7 +153,10 @@ struct parallel_layout {
   constexpr int world() const { return dp_replicas * dp * tp * ep; }
 };
 
-// The mesh the planner places the weights on: rank (0, 0, 0) holds the largest blocks.
+// The mesh the planner places the weights on: rank (0, 0, 0) holds the largest blocks. It is
+// the planner's own model of a machine, sized by parallel_layout (dp, tp, ep), not a mesh of
+// the user's: what a training program's axes are called and which role each plays is its
+// policy's (zest/zero/training_policy.hpp, axis_roles).
 using transformer_plan_mesh = mesh_shape<"dp", "tp", "ep">;
 
 // Throws shape_error naming what does not fit.
