@@ -22,6 +22,9 @@
 //                                   (FLOPs counted in model_flops_per_step), median step /
 //                                   single-thread sgemm FLOP/s (n = 1024, every rank at
 //                                   once), median call                        target >= 0.5
+//   schedule_check_fraction_of_step zest::check_schedule(mesh) (which ends every optimizer
+//                                   step), median of 50, / the median stage 3 step
+//                                                                             target <= 0.005
 //
 // Stages 0 and 3 are timed in alternating blocks of steps (after warmup steps), so that
 // load from other processes on a shared machine falls on both alike; a step's time is the
@@ -396,6 +399,16 @@ int main(int argc, char** argv) {
 
     blas.sample(s.gemm_reps);
 
+    // The schedule check that ends every optimizer step (zest::check_schedule: one small
+    // all-gather per communicator of the mesh), timed alone: its share of a step.
+    std::vector<double> checks;
+    for (int i = 0; i < 50; ++i) {
+      const auto started = std::chrono::steady_clock::now();
+      zest::check_schedule(mesh, "bench");
+      checks.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    }
+
     // ---- report --------------------------------------------------------------------------
     const double step0 = median(f0.seconds), step3 = median(f3.seconds);
     const double mpi0 = median(f0.mpi), mpi3 = median(f3.mpi);
@@ -487,6 +500,9 @@ int main(int argc, char** argv) {
       std::printf("METRIC train_tokens_per_s %.1f\n", tokens / step3);
       std::printf("METRIC train_tokens_per_s_zero0 %.1f\n", tokens / step0);
       std::printf("METRIC train_flops_ratio_vs_blas %.4f\n", flops_ratio);
+      std::printf("schedule check: %.1f us (median of 50), %.4f %% of a stage 3 step\n",
+                  median(checks) * 1e6, 100 * median(checks) / step3);
+      std::printf("METRIC schedule_check_fraction_of_step %.6f\n", median(checks) / step3);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -91,6 +91,8 @@ class collective_context {
 
   // The innermost scope of this thread, or null.
   static const collective_context* current() { return innermost(); }
+  // This scope's own name ("einsum", "redistribute", ...), without its description.
+  std::string_view what() const { return what_; }
 
   // "redistribute <from> -> <to> in einsum \"ij,jk->ik\"": every scope, innermost first.
   std::string text() const {

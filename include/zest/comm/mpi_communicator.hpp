@@ -198,6 +198,15 @@ class mpi_communicator {
     return detail::mpi_core::start(core_, at(prepare_broadcast(data, root), where));
   }
 
+  // Compares the collectives this communicator issued on each of its ranks so far (kind,
+  // element type, counts, reduction or root: a running hash, one update per call) with one
+  // small collective: on a difference, collective_mismatch on every rank, naming `where`
+  // (e.g. "optimizer step 12") and the first call that differs on each rank. Every rank of
+  // the communicator calls it at the same point. zest::check_schedule(mesh) checks a mesh.
+  void check_schedule(std::string_view where = {}, source_site at = source_site::current()) {
+    core_->check_schedule(where, at);
+  }
+
   void barrier(source_site where = source_site::current()) {
     detail::mpi_call call;
     call.kind = detail::barrier_kind;

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <span>
+#include <string_view>
 
 #include "zest/config.hpp"
 #include "zest/layout/layout.hpp"
@@ -46,6 +48,19 @@ constexpr block_range dim_range(const layout_value& v, char d, std::size_t exten
     r.size = sub.size;
   }
   return r;
+}
+
+// This rank's block of a tensor with dims `dims` (global `extents`) under layout v: the
+// offset and local extent of each dim. One function for every tensor type (basic_tensor's
+// constructors call it), not one per dims and layout.
+inline void locate_block(const layout_value& v, std::string_view dims, const std::size_t* extents,
+                         std::span<const int> sizes, std::span<const int> coords,
+                         std::size_t* offsets, std::size_t* local) {
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const block_range r = dim_range(v, dims[i], extents[i], sizes, coords);
+    offsets[i] = r.offset;
+    local[i] = r.size;
+  }
 }
 
 // A shard seen as [outer][n][inner] around one dim: outer * inner rows of n elements. Row

@@ -23,6 +23,7 @@
 #include "zest/config.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/source_site.hpp"
 
 #if ZEST_HAS_MPI
 #include <mpi.h>
@@ -220,6 +221,24 @@ class basic_mesh {
   std::array<std::unique_ptr<Comm>, axis_count> axes_;
   std::unique_ptr<Comm> world_;
 };
+
+// Compares the collectives each communicator of `mesh` (every axis, then the world) issued on
+// its ranks so far, as mpi_communicator::check_schedule does: on a difference, every rank
+// throws collective_mismatch naming `where` and the first call that differs on each rank.
+// Every rank calls it at the same point of its program; zero_engine::step does, once per
+// optimizer step. (A communicator of one rank agrees with itself; NCCL communicators keep
+// no record yet and are passed over.)
+template <class Comm, fixed_string... Axes>
+void check_schedule(const basic_mesh<Comm, Axes...>& mesh, std::string_view where = {},
+                    source_site at = source_site::current()) {
+  const auto check = [&](Comm& c) {
+    if constexpr (requires { c.check_schedule(where, at); }) {
+      c.check_schedule(where, at);
+    }
+  };
+  for (std::size_t a = 0; a < sizeof...(Axes); ++a) check(mesh.axis(a));
+  check(mesh.world());
+}
 
 // The two meshes are classes rather than alias templates: nvcc's host-code generator
 // loses string-literal template arguments that pass through an alias template.

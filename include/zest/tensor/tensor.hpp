@@ -64,6 +64,11 @@ namespace detail {
               "holds nothing now). Fix: use the tensor it was moved into, or assign it a new value "
               "first"));
 }
+[[noreturn]] inline void throw_shard_size(std::string_view dims, std::size_t have,
+                                          std::size_t want) {
+  throw shape_error(message("zest: tensor \"", dims, "\": local shard has ", have,
+                            " elements, the layout gives this rank ", want));
+}
 }  // namespace detail
 
 template <class T, class Mesh, fixed_string Dims, layout_key Layout>
@@ -112,11 +117,8 @@ class basic_tensor {
   basic_tensor(const Mesh& mesh, const extents_type& extents, storage_type&& local)
       : mesh_(&mesh), extents_(extents), data_(std::move(local)) {
     locate();
-    if (data_.size() != local_count()) {
-      throw shape_error(detail::message("zest: tensor \"", view_of<Dims>, "\": local shard has ",
-                                        data_.size(), " elements, the layout gives this rank ",
-                                        local_count()));
-    }
+    if (data_.size() != local_count())
+      detail::throw_shard_size(view_of<Dims>, data_.size(), local_count());
   }
 
   // Fills only this rank's shard: f(global_index) for each element it holds. On a partial
@@ -269,12 +271,8 @@ class basic_tensor {
     return n;
   }
   void locate() {
-    for (std::size_t i = 0; i < rank; ++i) {
-      const block_range r =
-          dim_range(layout, Dims[i], extents_[i], mesh_->sizes(), mesh_->coords());
-      offsets_[i] = r.offset;
-      local_extents_[i] = r.size;
-    }
+    locate_block(layout, view_of<Dims>, extents_.data(), mesh_->sizes(), mesh_->coords(),
+                 offsets_.data(), local_extents_.data());
   }
 
   const Mesh* mesh_;

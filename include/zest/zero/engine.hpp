@@ -66,6 +66,8 @@
 #include "zest/comm/communicator.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/random.hpp"
+#include "zest/core/source_site.hpp"
+#include "zest/mesh/mesh.hpp"
 #include "zest/optim/adamw.hpp"
 #include "zest/optim/clip.hpp"
 #include "zest/optim/loss_scaler.hpp"
@@ -303,8 +305,19 @@ class zero_engine {
     }
   }
 
-  // The optimizer step at learning rate lr.
-  step_report step(double lr) {
+  // The optimizer step at learning rate lr. Last, the ranks compare the collectives each
+  // communicator of the mesh issued (zest::check_schedule: one small collective per
+  // communicator): a rank that issued other collectives than the others in this step, or
+  // before it, ends the step with collective_mismatch on every rank.
+  step_report step(double lr, source_site at = source_site::current()) {
+    const step_report r = update(lr);
+    check_schedule(*mesh_, detail::message("zero_engine::step, after ", steps_, " optimizer steps"),
+                   at);
+    return r;
+  }
+
+ private:
+  step_report update(double lr) {
     step_report r;
     r.lr = lr;
     r.loss_scale = P::loss_scaling ? scaler_.scale() : 1.0F;
@@ -353,6 +366,7 @@ class zero_engine {
     return r;
   }
 
+ public:
   std::int64_t steps_taken() const { return steps_; }
   void set_steps_taken(std::int64_t s) { steps_ = s; }
   dynamic_loss_scaler& loss_scaler() { return scaler_; }

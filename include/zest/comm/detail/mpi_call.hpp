@@ -108,7 +108,7 @@ struct mpi_call {
   source_site where;           // the caller's call of the public entry point
   std::string context;         // checked mode: collective_context::current()'s text
 
-  // Filled only in checked mode, for the fingerprint.
+  // For the fingerprint (counts_key always: the schedule's record; the rest in checked mode).
   std::uint64_t counts_key = 0;                      // hash of the counts; all_to_all: counts given
   std::vector<std::uint64_t> counts_shown;           // the counts, when uneven (messages show 4)
   std::uint64_t pairs_sent = 0, pairs_received = 0;  // all_to_all, see count_pair
@@ -197,7 +197,7 @@ inline void prepare_all_gather(mpi_call& call, const call_site& at, std::size_t 
       reject(call, message("recv buffer has ", recv_n, " elements, expected ", n * send_n, " = ", n,
                            " ranks x ", send_n, " (the send buffer's size)"));
     }
-    if (at.checked) call.counts_key = hash_equal_counts(n, send_n);
+    call.counts_key = hash_equal_counts(n, send_n);
     return;
   }
   if (counts.size() != n) {
@@ -215,7 +215,7 @@ inline void prepare_all_gather(mpi_call& call, const call_site& at, std::size_t 
   if (total != recv_n) {
     reject(call, message("recv buffer has ", recv_n, " elements, but the counts sum to ", total));
   }
-  if (at.checked) call.counts_key = hash_counts(counts);
+  call.counts_key = hash_counts(counts);
   if (all_equal(counts)) return;  // the same on every rank that agrees on counts: even variant
   call.varying = true;
   if (at.checked) call.counts_shown.assign(counts.begin(), counts.end());
@@ -234,7 +234,7 @@ inline void prepare_reduce_scatter(mpi_call& call, const call_site& at, std::siz
                            " ranks x ", recv_n, " (the recv buffer's size)"));
     }
     call.bytes = (send_n - std::min(send_n, recv_n)) * call.element_bytes;
-    if (at.checked) call.counts_key = hash_equal_counts(n, recv_n);
+    call.counts_key = hash_equal_counts(n, recv_n);
     return;
   }
   if (counts.size() != n) {
@@ -252,7 +252,7 @@ inline void prepare_reduce_scatter(mpi_call& call, const call_site& at, std::siz
   if (total != send_n) {
     reject(call, message("send buffer has ", send_n, " elements, but the counts sum to ", total));
   }
-  if (at.checked) call.counts_key = hash_counts(counts);
+  call.counts_key = hash_counts(counts);
   if (all_equal(counts)) return;
   call.varying = true;
   if (at.checked) call.counts_shown.assign(counts.begin(), counts.end());

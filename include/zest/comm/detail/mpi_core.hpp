@@ -33,6 +33,7 @@
 #include "zest/comm/detail/mpi_call.hpp"
 #include "zest/comm/detail/mpi_comms.hpp"
 #include "zest/comm/detail/mpi_fingerprint.hpp"
+#include "zest/comm/detail/schedule_log.hpp"
 #include "zest/comm/mpi_environment.hpp"
 #include "zest/core/backoff.hpp"
 #include "zest/core/dtype.hpp"
@@ -116,6 +117,29 @@ class mpi_core {
 
   MPI_Comm data() const { return data_; }
   const std::string& name() const { return name_; }
+  const schedule_log& schedule() const { return schedule_; }
+
+  // Compares the collectives this communicator issued on each of its ranks since it was made
+  // (schedule_log's hash), with one small collective on the check communicator; `where`
+  // names the point ("optimizer step 12"), `at` the caller. On a difference throws
+  // collective_mismatch on every rank, naming the first call that differs on each rank; a
+  // rank that does not come throws collective_timeout after the watchdog's deadline.
+  void check_schedule(std::string_view where, const source_site& at) {
+    if (size_ < 2) return;
+    mpi_call call;
+    call.kind = barrier_kind;
+    call.where = at;
+    ensure_usable(call);
+    settle_all();
+    const std::array<std::uint64_t, 2> mine{schedule_.hash(), schedule_.calls()};
+    std::vector<std::uint64_t> all(2 * size_);
+    exchange(mine.data(), 2, all, call, where);
+    bool same = true;
+    for (std::size_t r = 1; r < size_ && same; ++r) {
+      same = all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+    }
+    if (!same) throw_schedule_mismatch(where, at, all);
+  }
   int size() const { return static_cast<int>(size_); }
   int rank() const { return static_cast<int>(rank_); }
   const comm_stats& stats() const { return stats_; }
@@ -131,8 +155,8 @@ class mpi_core {
     if (!checked()) {
       if (!call.invalid.empty()) throw_invalid(call);
       settle_all();
-      count(call);
       const std::uint64_t number = next_number_++;
+      count(call, number);
       if (checked_mode().watchdog.count() == 0) {  // no deadline: MPI's blocking call
         check_code(run_call(call, data_), call);
         return;
@@ -163,7 +187,7 @@ class mpi_core {
     if (!core->checked()) {
       if (!call.invalid.empty()) core->throw_invalid(call);
       core->settle_all();
-      core->count(call);
+      core->count(call, core->next_number_);
       ++core->next_number_;
       auto state = std::make_shared<plain_request>(core, std::move(call), core->next_number_ - 1);
       state->core->check_code(start_call(state->call, core->data_, &state->request), state->call);
@@ -337,6 +361,12 @@ class mpi_core {
 
   // ---- accounting ---------------------------------------------------------------------
 
+  // Counts an unchecked call in the statistics and the schedule's record (a checked call
+  // enters the record when the ranks agreed on it: decide()).
+  void count(const mpi_call& call, std::uint64_t number) {
+    schedule_.record(call, number);
+    count(call);
+  }
   void count(const mpi_call& call) {
     if (call.kind >= collective_kinds) return;
     auto& counter = stats_[static_cast<collective>(call.kind)];
@@ -387,7 +417,8 @@ class mpi_core {
       op->call.context = context->text();
     }
     const mpi_call& c = op->call;
-    const fingerprint& f = op->mine = fingerprint_of(c, next_number_++);
+    const std::uint64_t number = next_number_++;
+    const fingerprint& f = op->mine = fingerprint_of(c, number);
     op->all.resize(size_ * fp::words);
     constexpr int words = static_cast<int>(fp::words);
     check_code(MPI_Iallgather(f.data(), words, MPI_UINT64_T, op->all.data(), words, MPI_UINT64_T,
@@ -579,6 +610,7 @@ class mpi_core {
       fail(std::make_exception_ptr(communicator_error(broken_)));
     } else {
       check_code(start_call(op.call, data_, &op.data_request), op.call);
+      schedule_.record(op.call, op.mine[fp::number]);
       op.at = checked_op::stage::moving;
     }
   }
@@ -600,6 +632,111 @@ class mpi_core {
 
   // Polls pending until done or the deadline, pausing between polls as core/backoff.hpp
   // says (ranks may outnumber cores: a rank that spins keeps the core from its peers).
+  // An all-gather of `words` words per rank on the check communicator, within the watchdog's
+  // deadline (a schedule check).
+  void exchange(const std::uint64_t* mine, std::size_t words, std::vector<std::uint64_t>& all,
+                const mpi_call& call, std::string_view where) {
+    MPI_Request pending = MPI_REQUEST_NULL;
+    const int n = static_cast<int>(words);
+    check_code(MPI_Iallgather(mine, n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, check_, &pending),
+               "check_schedule");
+    const auto started = watchdog_clock::now();
+    const auto limit = checked_mode().watchdog;
+    const auto deadline = limit.count() == 0 ? watchdog_clock::time_point::max() : started + limit;
+    if (wait_until(pending, true, deadline, call)) return;
+    // MPI may still read and write the buffers: they are never freed.
+    keep_forever(std::vector<std::uint64_t>(mine, mine + words));
+    keep_forever(std::move(all));
+    broken_ = message("the schedule check at ", where, " timed out");
+    throw collective_timeout(
+        message("zest: collective timeout on axis '", name_, "': check_schedule",
+                where.empty() ? "" : " at ", where, " on rank ", rank_, " of ", size_,
+                " not complete after ", seconds(watchdog_clock::now() - started),
+                " s (some rank of the axis has not reached it: it "
+                "is blocked in a collective the others did not issue, or has stopped); called at ",
+                site_of(call.where), "; the axis spans world ranks ", rank_list(world_ranks_),
+                ". ZEST_WATCHDOG_MS sets the deadline (now ", limit.count(), " ms; 0: none)"));
+  }
+
+  // The schedules differ: every rank sends the calls it remembers (the same on every rank
+  // from here: one verdict), and the message names the first call that differs.
+  [[noreturn]] void throw_schedule_mismatch(std::string_view where, const source_site& at,
+                                            const std::vector<std::uint64_t>& totals) {
+    constexpr std::size_t text_words = 32, entry_words = 3 + text_words;
+    constexpr std::size_t ring = schedule_log::ring_size;
+    std::vector<std::uint64_t> mine(ring * entry_words, 0);
+    const std::uint64_t calls = schedule_.calls();
+    const std::uint64_t first = calls > ring ? calls - ring : 0;
+    for (std::uint64_t n = first; n < calls; ++n) {
+      const schedule_entry* e = schedule_.find(n);
+      if (e == nullptr) continue;
+      std::uint64_t* w = &mine[(n - first) * entry_words];
+      w[0] = 1;
+      w[1] = n;
+      w[2] = e->hash;
+      const std::string text = schedule_log::describe(*e);
+      std::memcpy(&w[3], text.data(), std::min(text.size(), text_words * 8 - 1));
+    }
+    std::vector<std::uint64_t> all(size_ * ring * entry_words);
+    mpi_call call;
+    call.kind = barrier_kind;
+    call.where = at;
+    exchange(mine.data(), mine.size(), all, call, where);
+
+    // Each rank's call number n: its text, or why it has none.
+    const auto entry_of = [&](std::size_t r, std::uint64_t n) -> const std::uint64_t* {
+      const std::uint64_t count = totals[2 * r + 1];
+      const std::uint64_t lo = count > ring ? count - ring : 0;
+      if (n < lo || n >= count) return nullptr;
+      const std::uint64_t* w = &all[(r * ring + (n - lo)) * entry_words];
+      return w[0] == 1 && w[1] == n ? w : nullptr;
+    };
+    std::uint64_t start = 0, end = 0;
+    for (std::size_t r = 0; r < size_; ++r) {
+      const std::uint64_t count = totals[2 * r + 1];
+      start = std::max(start, count > ring ? count - ring : 0);
+      end = std::max(end, count);
+    }
+    std::uint64_t differs = end;
+    for (std::uint64_t n = start; n < end && differs == end; ++n) {
+      const std::uint64_t* first_rank = entry_of(0, n);
+      for (std::size_t r = 1; r < size_; ++r) {
+        const std::uint64_t* e = entry_of(r, n);
+        if ((e == nullptr) != (first_rank == nullptr) || (e != nullptr && e[2] != first_rank[2])) {
+          differs = n;
+          break;
+        }
+      }
+    }
+    std::string detail;
+    if (differs == end) {
+      detail = message("the last ", ring,
+                       " calls of every rank agree, so the first difference "
+                       "is before call #",
+                       start, " (each rank remembers its last ", ring, ")");
+    } else {
+      detail = message("the first that differs is call #", differs, ": ",
+                       per_rank(
+                           size_,
+                           [&](std::size_t r) -> std::string {
+                             if (const std::uint64_t* e = entry_of(r, differs)) {
+                               const auto* chars = reinterpret_cast<const char*>(&e[3]);
+                               return std::string(chars, strnlen(chars, text_words * 8));
+                             }
+                             return message("no call #", differs, " (", totals[2 * r + 1],
+                                            " calls in all)");
+                           },
+                           false));
+    }
+    throw collective_mismatch(message(
+        "zest: collective mismatch on axis '", name_, "' found by check_schedule",
+        where.empty() ? "" : " at ", where, " (called at ", site_of(at),
+        "): the ranks of the axis did not issue the same collectives; ", detail,
+        ". Every rank of an axis must issue the same collectives in the same order: a "
+        "collective after a branch that depends on the rank or on the data is the usual cause "
+        "(set ZEST_CHECKED=1 to stop at the first such call, naming both call sites)"));
+  }
+
   bool wait_until(MPI_Request& pending, bool block, watchdog_clock::time_point deadline,
                   const mpi_call& call) const {
     backoff pause;
@@ -625,6 +762,7 @@ class mpi_core {
   comm_stats stats_;
   std::uint64_t next_number_ = 0;
   std::optional<bool> checked_override_;
+  schedule_log schedule_;
   std::deque<std::shared_ptr<checked_op>> undecided_;  // checked calls in order, exchange pending
   std::vector<std::shared_ptr<checked_op>> stranded_;  // abandoned with data in flight
   std::string broken_;  // why the communicator is unusable; empty while it is fine
