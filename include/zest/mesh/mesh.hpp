@@ -228,15 +228,22 @@ class basic_mesh {
 // Every rank calls it at the same point of its program; zero_engine::step does, once per
 // optimizer step. (A communicator of one rank agrees with itself; NCCL communicators keep
 // no record yet and are passed over.)
-template <class Comm, fixed_string... Axes>
-void check_schedule(const basic_mesh<Comm, Axes...>& mesh, std::string_view where = {},
+// (The mesh is taken whole, not as basic_mesh<Comm, Axes...>: nvcc's front end does not deduce
+// class-type template arguments through a derived class.)
+template <class Mesh>
+requires requires(const Mesh& m) {
+  m.world();
+  m.axis(std::size_t{0});
+  Mesh::axis_count;
+}
+void check_schedule(const Mesh& mesh, std::string_view where = {},
                     source_site at = source_site::current()) {
-  const auto check = [&](Comm& c) {
+  const auto check = [&](auto& c) {
     if constexpr (requires { c.check_schedule(where, at); }) {
       c.check_schedule(where, at);
     }
   };
-  for (std::size_t a = 0; a < sizeof...(Axes); ++a) check(mesh.axis(a));
+  for (std::size_t a = 0; a < Mesh::axis_count; ++a) check(mesh.axis(a));
   check(mesh.world());
 }
 
