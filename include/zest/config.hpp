@@ -90,4 +90,8 @@ inline constexpr std::size_t max_dims = 12;
 inline constexpr std::size_t max_axes = 6;
 inline constexpr std::size_t max_operands = 4;
 
+// The library's version (CMakeLists.txt's project version; CMake checks that they agree).
+// Ranks built from different versions refuse to train together (zero_engine's start-up check).
+inline constexpr const char* version = "0.1.0";
+
 }  // namespace zest

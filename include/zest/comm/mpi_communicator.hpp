@@ -207,6 +207,15 @@ class mpi_communicator {
     core_->check_schedule(where, at);
   }
 
+  // Every rank's `mine` (as many words on each), rank-major, through the communicator's
+  // check channel: not a counted collective, not in the schedule, under the watchdog. For
+  // agreements outside the data path (zero_engine's start-up check).
+  std::vector<std::uint64_t> exchange_words(std::span<const std::uint64_t> mine,
+                                            std::string_view what,
+                                            source_site at = source_site::current()) {
+    return core_->exchange_words(mine, what, at);
+  }
+
   void barrier(source_site where = source_site::current()) {
     detail::mpi_call call;
     call.kind = detail::barrier_kind;

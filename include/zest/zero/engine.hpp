@@ -57,6 +57,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,7 @@
 #include "zest/backend/backend.hpp"
 #include "zest/backend/host/host_backend.hpp"
 #include "zest/comm/communicator.hpp"
+#include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/random.hpp"
 #include "zest/core/source_site.hpp"
@@ -73,6 +75,7 @@
 #include "zest/optim/loss_scaler.hpp"
 #include "zest/zero/parameter.hpp"
 #include "zest/zero/recomputation.hpp"
+#include "zest/zero/setup_check.hpp"
 
 namespace zest {
 
@@ -393,8 +396,74 @@ class zero_engine {
   }
 
  private:
+  // ----- the start-up check -------------------------------------------------------------
+  // Before the first collective (the first group entered), the ranks compare what decides
+  // their collectives (zest/zero/setup_check.hpp): ranks started with other flags or
+  // binaries stop here with collective_mismatch naming the first field that differs.
+  void agree_on_setup() {
+    setup_agreed_ = true;
+    auto& world = mesh_->world();
+    detail::words_exchange exchange;
+    if constexpr (requires { world.exchange_words(std::span<const std::uint64_t>{}, ""); }) {
+      exchange = [&](std::span<const std::uint64_t> mine) {
+        return world.exchange_words(mine, "zero_engine's start-up check");
+      };
+    } else if constexpr (requires {
+                           world.mpi()->exchange_words(std::span<const std::uint64_t>{}, "");
+                         }) {
+      if (world.mpi() == nullptr) return;  // one rank without MPI
+      exchange = [&](std::span<const std::uint64_t> mine) {
+        return world.mpi()->exchange_words(mine, "zero_engine's start-up check");
+      };
+    } else {
+      return;  // one process: nothing to compare
+    }
+    const auto axes = [&](unsigned mask) {
+      std::string out;
+      for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {
+        if ((mask >> a & 1U) == 0) continue;
+        out += out.empty() ? "" : ",";
+        out += mesh_t::axis_names[a];
+      }
+      return out.empty() ? std::string("-") : out;
+    };
+    const auto role = [&](std::size_t a) {
+      return a < mesh_t::axis_count ? std::string(mesh_t::axis_names[a]) : std::string("-");
+    };
+    const detail::setup_field fields[] = {
+        {"the zest version", version, 0},
+        {"the mesh", mesh_->describe(), 0},
+        {"the ZeRO policy",
+         detail::message(
+             "zero_stage<", stage, "> sharded over ", axes(P::shard_mask), ", replicated over ",
+             axes(P::replica_mask), ", parameters ", name_of(dtype_of<param_type>()),
+             ", gradients ", name_of(dtype_of<grad_type>()), ", weights' wire ",
+             P::stage::gather_wire.block, ", gradients' wire ", P::stage::gradient_wire.block,
+             ", hpZ ", P::stage::hierarchical ? "on" : "off", ", tensor axis ",
+             role(P::tensor_axis), ", sequence axis ", role(P::sequence_axis), ", expert axis ",
+             role(P::expert_axis)),
+         detail::setup_hash(typeid(P).name())},
+        {"the engine's options",
+         detail::message("bucket_elements ", options_.bucket_elements, ", max_live_groups ",
+                         options_.max_live_groups, ", prefetch ", options_.prefetch ? "on" : "off",
+                         ", recompute ", name_of(options_.recompute)),
+         0},
+    };
+    std::vector<std::string> params;
+    for (const slot* p : parameters()) {
+      std::string text = p->name() + " [";
+      const auto extents = p->global_extents();
+      for (std::size_t i = 0; i < extents.size(); ++i) {
+        text += detail::message(i == 0 ? "" : ", ", extents[i]);
+      }
+      params.push_back(text + "]");
+    }
+    detail::agree_on_setup(exchange, fields, params);
+  }
+
   // ----- forward / backward hooks --------------------------------------------------------
   void enter(autodiff::tape& t, std::size_t g) {
+    if (!setup_agreed_) agree_on_setup();
     if (g >= groups_.size()) {
       throw std::out_of_range(detail::message("zest zero_engine: group ", g, " does not exist (",
                                               groups_.size(), " groups)"));
@@ -619,6 +688,7 @@ class zero_engine {
   dynamic_loss_scaler scaler_;
   std::vector<group> groups_;
   bool open_ = false;
+  bool setup_agreed_ = false;
   std::deque<std::unique_ptr<reduction>> pending_;
   std::size_t peak_live_ = 0;
   std::int64_t steps_ = 0;

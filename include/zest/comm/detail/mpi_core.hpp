@@ -133,12 +133,31 @@ class mpi_core {
     settle_all();
     const std::array<std::uint64_t, 2> mine{schedule_.hash(), schedule_.calls()};
     std::vector<std::uint64_t> all(2 * size_);
-    exchange(mine.data(), 2, all, call, where);
+    exchange(mine.data(), 2, all, call, schedule_check_name(where));
     bool same = true;
     for (std::size_t r = 1; r < size_ && same; ++r) {
       same = all[2 * r] == all[0] && all[2 * r + 1] == all[1];
     }
     if (!same) throw_schedule_mismatch(where, at, all);
+  }
+
+  // Every rank's `mine` (the same number of words on each), rank-major: an all-gather on
+  // the check communicator, not counted in the statistics nor in the schedule, under the
+  // watchdog; `what` names it in a timeout. For the ranks' agreement on their setup.
+  std::vector<std::uint64_t> exchange_words(std::span<const std::uint64_t> mine,
+                                            std::string_view what, const source_site& at) {
+    std::vector<std::uint64_t> all(mine.size() * size_);
+    if (size_ == 1) {
+      std::copy(mine.begin(), mine.end(), all.begin());
+      return all;
+    }
+    mpi_call call;
+    call.kind = barrier_kind;
+    call.where = at;
+    ensure_usable(call);
+    settle_all();
+    exchange(mine.data(), mine.size(), all, call, what);
+    return all;
   }
   int size() const { return static_cast<int>(size_); }
   int rank() const { return static_cast<int>(rank_); }
@@ -632,14 +651,18 @@ class mpi_core {
 
   // Polls pending until done or the deadline, pausing between polls as core/backoff.hpp
   // says (ranks may outnumber cores: a rank that spins keeps the core from its peers).
+  static std::string schedule_check_name(std::string_view where) {
+    return where.empty() ? std::string("check_schedule") : message("check_schedule at ", where);
+  }
+
   // An all-gather of `words` words per rank on the check communicator, within the watchdog's
   // deadline (a schedule check).
   void exchange(const std::uint64_t* mine, std::size_t words, std::vector<std::uint64_t>& all,
-                const mpi_call& call, std::string_view where) {
+                const mpi_call& call, std::string_view what) {
     MPI_Request pending = MPI_REQUEST_NULL;
     const int n = static_cast<int>(words);
     check_code(MPI_Iallgather(mine, n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, check_, &pending),
-               "check_schedule");
+               what);
     const auto started = watchdog_clock::now();
     const auto limit = checked_mode().watchdog;
     const auto deadline = limit.count() == 0 ? watchdog_clock::time_point::max() : started + limit;
@@ -647,11 +670,10 @@ class mpi_core {
     // MPI may still read and write the buffers: they are never freed.
     keep_forever(std::vector<std::uint64_t>(mine, mine + words));
     keep_forever(std::move(all));
-    broken_ = message("the schedule check at ", where, " timed out");
+    broken_ = message(what, " timed out");
     throw collective_timeout(
-        message("zest: collective timeout on axis '", name_, "': check_schedule",
-                where.empty() ? "" : " at ", where, " on rank ", rank_, " of ", size_,
-                " not complete after ", seconds(watchdog_clock::now() - started),
+        message("zest: collective timeout on axis '", name_, "': ", what, " on rank ", rank_,
+                " of ", size_, " not complete after ", seconds(watchdog_clock::now() - started),
                 " s (some rank of the axis has not reached it: it "
                 "is blocked in a collective the others did not issue, or has stopped); called at ",
                 site_of(call.where), "; the axis spans world ranks ", rank_list(world_ranks_),
@@ -681,7 +703,7 @@ class mpi_core {
     mpi_call call;
     call.kind = barrier_kind;
     call.where = at;
-    exchange(mine.data(), mine.size(), all, call, where);
+    exchange(mine.data(), mine.size(), all, call, schedule_check_name(where));
 
     // Each rank's call number n: its text, or why it has none.
     const auto entry_of = [&](std::size_t r, std::uint64_t n) -> const std::uint64_t* {
