@@ -68,25 +68,6 @@ host_vector<T> initial_values(std::size_t rank, const std::size_t* global,
   }
   return values;
 }
-// Fills t's local block with its initial values (as basic_tensor::generate would).
-template <class Tensor>
-void initialise(Tensor& t, std::uint64_t seed, const initializer& init) {
-  using T = typename Tensor::value_type;
-  using backend_t = typename Tensor::backend_type;
-  if (!t.holds_partial_summand()) {
-    backend_t::fill(t.storage().data(), t.storage().size(), T{});
-    return;
-  }
-  auto values = initial_values<T>(Tensor::rank, t.extents().data(), t.local_offsets().data(),
-                                  t.local_extents().data(), seed, init);
-  if constexpr (std::is_same_v<typename Tensor::storage_type, host_vector<T>>) {
-    t.storage() = std::move(values);
-  } else {
-    t.storage() =
-        backend_t::template from_host<T>(std::span<const T>(values.data(), values.size()));
-  }
-}
-
 }  // namespace detail
 
 }  // namespace zest
