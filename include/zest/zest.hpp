@@ -34,14 +34,14 @@
 
 #include "zest/mesh/mesh.hpp"
 
+#include "zest/layout/cheapest_plan.hpp"
+#include "zest/layout/fixed_order_plan.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/layout_of.hpp"
 #include "zest/layout/layout_string.hpp"
 #include "zest/layout/placement.hpp"
-#include "zest/layout/shard.hpp"
-#include "zest/layout/cheapest_plan.hpp"
-#include "zest/layout/fixed_order_plan.hpp"
 #include "zest/layout/plan_cache.hpp"
+#include "zest/layout/shard.hpp"
 #include "zest/layout/step.hpp"
 #include "zest/layout/step_cost.hpp"
 
