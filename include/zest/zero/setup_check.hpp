@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zest/comm/detail/rank_list.hpp"
 #include "zest/core/error.hpp"
 
 namespace zest::detail {
@@ -111,20 +112,13 @@ inline void agree_on_setup(const words_exchange& exchange, std::span<const setup
   const std::vector<std::uint64_t> texts = exchange(text);
   const std::string what =
       differs < nf ? std::string(fields[differs].name) : std::string("the model's parameters");
-  // "rank 0: <text>; ranks 1-3: <text>": runs of equal texts merged.
-  const auto text_of = [&](std::size_t r) {
-    const auto* chars = reinterpret_cast<const char*>(&texts[r * text_words]);
-    return std::string(chars, std::find(chars, chars + text_words * 8 - 1, '\0'));
-  };
-  std::string values;
-  for (std::size_t r = 0; r < ranks;) {
-    const std::string t = text_of(r);
-    std::size_t end = r + 1;
-    while (end < ranks && text_of(end) == t) ++end;
-    values += message(r == 0 ? "" : "; ", end - r == 1 ? "rank " : "ranks ", r,
-                      end - r == 1 ? std::string() : message("-", end - 1), ": ", t);
-    r = end;
-  }
+  const std::string values = per_rank(
+      ranks,
+      [&](std::size_t r) {
+        const auto* chars = reinterpret_cast<const char*>(&texts[r * text_words]);
+        return std::string(chars, std::find(chars, chars + text_words * 8 - 1, '\0'));
+      },
+      true);
   throw collective_mismatch(message(
       "zest: zero_engine: the ranks were not started alike: ", what, " differs: ", values,
       " (every rank must build the same mesh, policy, options and model: the same binary and "

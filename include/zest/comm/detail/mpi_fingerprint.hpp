@@ -64,26 +64,6 @@ inline std::string site_of(const source_site& where) {
   return message(file, ':', where.line());
 }
 
-// "rank 0: <text 0>; ranks 1-3: <text 1>": each rank's text, runs of equal texts merged
-// (always, or only beyond 16 ranks).
-template <class TextOf>
-std::string per_rank(std::size_t size, TextOf text_of, bool merge_always) {
-  std::ostringstream out;
-  std::size_t r = 0;
-  while (r < size) {
-    const std::string what = text_of(r);
-    std::size_t end = r + 1;
-    if (merge_always || size > 16) {
-      while (end < size && text_of(end) == what) ++end;
-    }
-    out << (r == 0 ? "" : "; ");
-    if (end - r == 1) out << "rank " << r << ": " << what;
-    else out << "ranks " << r << "-" << end - 1 << ": " << what;
-    r = end;
-  }
-  return out.str();
-}
-
 // A checked call between its fingerprint exchange and the end of its data transfer.
 struct checked_op {
   enum class stage : std::uint8_t { checking, moving, done, failed };

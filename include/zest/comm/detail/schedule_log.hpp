@@ -22,6 +22,7 @@
 #include "zest/comm/checked.hpp"
 #include "zest/comm/communicator.hpp"
 #include "zest/comm/detail/mpi_call.hpp"
+#include "zest/comm/detail/mpi_fingerprint.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/source_site.hpp"
 
@@ -97,15 +98,7 @@ class schedule_log {
       out << " root " << e.op_or_root;
     if (e.invalid) out << " (its buffer sizes are wrong)";
     out << " #" << e.number;
-    if (e.where.line() != 0) {
-      std::string_view file = e.where.file_name();
-      if (const auto last = file.rfind('/'); last != std::string_view::npos && last > 0) {
-        if (const auto before = file.rfind('/', last - 1); before != std::string_view::npos) {
-          file.remove_prefix(before + 1);
-        }
-      }
-      out << " at " << file << ':' << e.where.line();
-    }
+    if (e.where.line() != 0) out << " at " << site_of(e.where);
     if (e.context[0] != '\0') out << " in " << e.context.data();
     return out.str();
   }
