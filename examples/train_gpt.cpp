@@ -12,10 +12,12 @@
 // batches, initialisation and dropout are functions of the seed and the global indices.
 #include <mpi.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -433,6 +435,9 @@ zest::json::value step_record(std::int64_t step, const zest::train_step_result& 
   rec.emplace_back("grad_norm", r.report.grad_norm);
   rec.emplace_back("applied", r.report.applied);
   rec.emplace_back("seconds", r.seconds);
+  rec.emplace_back("forward_s", r.forward_seconds);
+  rec.emplace_back("backward_s", r.backward_seconds);
+  rec.emplace_back("update_s", r.update_seconds);
   rec.emplace_back("tokens_per_s", tokens_per_step / r.seconds);
   rec.emplace_back("bytes_sent", static_cast<std::int64_t>(r.traffic.bytes_sent()));
   rec.emplace_back("scalar_bytes_sent", static_cast<std::int64_t>(r.scalar_traffic.bytes_sent()));
@@ -604,6 +609,136 @@ void check_writable(std::string_view option, const std::filesystem::path& path, 
     fail(named + ": cannot create entries in " + up.string() + " (" + std::strerror(errno) + ")");
 }
 
+// `p` as the file system resolves it: absolute, with `.`, `..` and the links of the part that
+// exists resolved (so that two spellings of one place compare equal).
+std::filesystem::path resolved(const std::filesystem::path& p) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  if (ec) r = fs::absolute(p).lexically_normal();
+  if (!r.has_filename() && r.has_parent_path() && r != r.root_path()) r = r.parent_path();
+  return r;
+}
+// Whether `inner` is `outer` or lies inside it (both resolved).
+bool within(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+  const auto rel = inner.lexically_relative(outer);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// The outputs against each other and against what the run reads: --log, --plot and --save
+// each name their own place; the save folder holds the checkpoint's files only (a save
+// rewrites its manifest and removes the previous step's shards), and so does the --load
+// folder; nothing is written into the corpus. A collision is refused before any work.
+void check_output_paths(const flags& f) {
+  namespace fs = std::filesystem;
+  struct place {
+    std::string option, path;
+    bool folder;
+    fs::path at;
+  };
+  std::vector<place> outputs;
+  const auto add = [&](const char* option, const std::string& path, bool folder) {
+    if (!path.empty()) outputs.push_back({option, path, folder, resolved(path)});
+  };
+  add("--log", f.log, false);
+  add("--plot", f.plot, false);
+  add("--save", f.save, true);
+  const auto named = [](const place& p) { return p.option + " " + p.path; };
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t j = 0; j < outputs.size(); ++j) {
+      const place &a = outputs[i], &b = outputs[j];
+      if (i < j && a.at == b.at)
+        fail(named(a) + " and " + named(b) + " are the same path: each output needs its own");
+      if (i != j && b.folder && a.at != b.at && within(a.at, b.at))
+        fail(named(a) + " is inside the " + b.option + " folder " + b.path +
+             ", which holds the checkpoint's files only (each save rewrites its manifest and "
+             "removes the previous step's shards): write it elsewhere");
+    }
+  }
+  if (!f.load.empty()) {
+    const fs::path load = resolved(f.load);
+    for (const place& o : outputs) {
+      if (!o.folder && within(o.at, load))
+        fail(named(o) + " is inside the --load checkpoint " + f.load +
+             ", whose files the run reads: write it elsewhere");
+    }
+  }
+  const std::string corpus =
+      f.corpus.empty() ? std::string(zest::text_dataset::default_corpus) : f.corpus;
+  const fs::path source = resolved(corpus);
+  for (const place& o : outputs) {
+    if (within(o.at, source))
+      fail(named(o) + (o.at == source ? " is" : " is inside") + " the corpus " + corpus +
+           ", which the run reads: write it elsewhere");
+  }
+}
+
+// Creates the folders of `dir` that are missing, remembering them (innermost last).
+std::vector<std::filesystem::path> create_missing(const std::filesystem::path& dir,
+                                                  const std::string& named) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> created;
+  std::error_code ec;
+  for (fs::path up = dir; !up.empty() && !fs::exists(fs::symlink_status(up, ec));
+       up = up.parent_path()) {
+    created.insert(created.begin(), up);
+    if (up == up.root_path()) break;
+  }
+  for (const fs::path& d : created) {
+    if (!fs::create_directory(d, ec) && ec) {
+      const std::string why = ec.message();
+      for (auto it = created.rbegin(); it != created.rend(); ++it) fs::remove(*it, ec);
+      fail(named + ": cannot create the folder " + d.string() + " (" + why + ")");
+    }
+  }
+  return created;
+}
+
+// The run's outputs written for real, once, before any work (rank 0, whose verdict every rank
+// takes): in each output's folder a file is created and removed, as the atomic writes and the
+// checkpoint's shards will (a file next to the target, renamed over it), and the folders
+// that this creates are removed again. Catches what permission bits do not show (a read-only
+// or full file system, /proc, a root-owned path under root). With --load, an existing --log
+// must be a training log: the resumed run continues it.
+void probe_outputs(const flags& f) {
+  namespace fs = std::filesystem;
+  if (!f.log.empty() && !f.load.empty()) {
+    std::error_code ec;
+    if (fs::exists(f.log, ec)) {
+      try {
+        (void)zest::report::training_log::read(f.log);
+      } catch (const std::exception& e) {
+        fail("--log " + f.log +
+             ": the file exists and is not a training log that this run could continue (a "
+             "run with --load appends its steps to the log it names): " +
+             e.what() + "; name the run's own log or a new file");
+      }
+    }
+  }
+  const auto probe = [](const std::string& option, const std::string& path, bool folder) {
+    const std::string named = option + " " + path;
+    const fs::path dir = folder ? fs::absolute(path) : fs::absolute(path).parent_path();
+    const auto created = create_missing(dir, named);
+    const fs::path trial = dir / (".train_gpt-check-" + std::to_string(::getpid()));
+    const int fd = ::open(trial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const int error = errno;
+    bool written = false;
+    if (fd >= 0) {
+      written = ::write(fd, "x", 1) == 1;
+      ::close(fd);
+      ::unlink(trial.c_str());
+    }
+    std::error_code ec;
+    for (auto it = created.rbegin(); it != created.rend(); ++it) fs::remove(*it, ec);
+    if (fd < 0)
+      fail(named + ": cannot create a file in " + dir.string() + " (" + std::strerror(error) + ")");
+    if (!written) fail(named + ": cannot write a file in " + dir.string());
+  };
+  if (!f.log.empty()) probe("--log", f.log, false);
+  if (!f.plot.empty()) probe("--plot", f.plot, false);
+  if (!f.save.empty()) probe("--save", f.save, true);
+}
+
 // The machine's memory: the smaller of its RAM and the cgroup's limit, if any.
 double machine_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
@@ -620,6 +755,11 @@ double machine_memory_bytes() {
 }
 
 }  // namespace
+
+// "1 rank", "4 ranks" (`what` between: "1 data-parallel rank").
+std::string ranks_text(int n, const std::string& what = "") {
+  return std::to_string(n) + " " + (what.empty() ? "" : what + " ") + (n == 1 ? "rank" : "ranks");
+}
 
 void check_run(const flags& f, int world, int ranks_here) {
   if (f.width % f.heads != 0)
@@ -662,25 +802,30 @@ void check_run(const flags& f, int world, int ranks_here) {
     fail(
         "--recompute full applies to dense blocks: an expert layer's aux loss leaves its "
         "block (use --recompute selective with --moe)");
+  } else if (f.layers < 2) {
+    fail(
+        "--moe: the expert layers are every second block (blocks 1, 3, 5, ... counting from "
+        "0), so --layers " +
+        std::to_string(f.layers) + " has none; give --layers 2 or more");
   } else if (f.experts < static_cast<std::size_t>(f.top_k)) {
     fail("--experts " + std::to_string(f.experts) + " is fewer than --top-k " +
          std::to_string(f.top_k));
   }
+  check_output_paths(f);
   if (!f.log.empty()) check_writable("--log", f.log, false);
   if (!f.plot.empty()) check_writable("--plot", f.plot, false);
   if (!f.save.empty()) check_writable("--save", f.save, true);
   if (f.tp > 1 && f.device == "cuda") fail("--tp applies to --device cpu");
   if (f.sp > 1 && f.device == "cuda") fail("--sp applies to --device cpu");
   if (world % f.tp != 0)
-    fail("--tp " + std::to_string(f.tp) + " does not divide the " + std::to_string(world) +
-         " ranks");
+    fail("--tp " + std::to_string(f.tp) + " does not divide the " + ranks_text(world));
   if ((world / f.tp) % f.sp != 0)
-    fail("--sp " + std::to_string(f.sp) + " does not divide the " + std::to_string(world / f.tp) +
-         " ranks that --tp " + std::to_string(f.tp) + " leaves");
+    fail("--sp " + std::to_string(f.sp) + " does not divide the " + ranks_text(world / f.tp) +
+         " that --tp " + std::to_string(f.tp) + " leaves");
   const int data_ranks = world / (f.tp * f.sp);
   if (f.ep > 0 && data_ranks % f.ep != 0)
-    fail("--ep " + std::to_string(f.ep) + " does not divide the " + std::to_string(data_ranks) +
-         " ranks that --tp and --sp leave");
+    fail("--ep " + std::to_string(f.ep) + " does not divide the " + ranks_text(data_ranks) +
+         " that --tp and --sp leave");
   if (f.moe && f.ep > 0 && f.experts % static_cast<std::size_t>(f.ep) != 0)
     fail("--ep " + std::to_string(f.ep) + " does not divide --experts " +
          std::to_string(f.experts));
@@ -704,8 +849,8 @@ void check_run(const flags& f, int world, int ranks_here) {
   const int nodes = f.zeropp.empty() ? f.hsdp : f.nodes;
   if (dp_ranks % nodes != 0)
     fail((f.zeropp.empty() ? "--hsdp " : "--nodes ") + std::to_string(nodes) +
-         " does not divide the " + std::to_string(dp_ranks) +
-         " data-parallel ranks that --tp, --sp and --ep leave");
+         " does not divide the " + ranks_text(dp_ranks, "data-parallel") +
+         " that --tp, --sp and --ep leave");
   check_memory(f, mesh_sizes(f, world), ranks_here);
 }
 
@@ -847,6 +992,13 @@ void check_memory(const flags& f, mesh_sizes_t sizes, int ranks_here) {
 }
 
 namespace {
+// The shortest text that reads back as v (0.003, not 0.0030000000000000001).
+std::string shortest_text(double v) {
+  char buf[64];
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  return std::string(buf, end);
+}
+
 // A resumed run's model settings that no tensor's shape shows must be the checkpoint's
 // (`config`: its metadata config, or nullptr): the architecture, and RoPE's base, which is
 // taken from the checkpoint when not given.
@@ -862,9 +1014,8 @@ void check_resumed_model(flags& f, const zest::json::value* config) {
   if (!f.was_given("--rope-base")) {
     f.rope_base = base->as_number();
   } else if (f.rope_base != base->as_number()) {
-    fail("--rope-base " + zest::report::format_number(f.rope_base, 17) +
-         " differs from checkpoint " + f.load + "'s (--rope-base " +
-         zest::report::format_number(base->as_number(), 17) +
+    fail("--rope-base " + shortest_text(f.rope_base) + " differs from checkpoint " + f.load +
+         "'s (--rope-base " + shortest_text(base->as_number()) +
          "): RoPE's base is part of the model; leave the option out to continue with it");
   }
 }
@@ -884,21 +1035,22 @@ void resolve_schedule(flags& f, const zest::json::value* saved, bool root) {
       (*saved)["warmup_steps"].as_int(), (*saved)["total_steps"].as_int()};
   struct field {
     const char* option;
-    std::string saved_text;
+    std::string saved_text, given_text;
     bool differs;
     std::function<void()> take_saved;
   };
-  const auto text = [](double v) { return zest::report::format_number(v, 17); };
+  const auto text = [](double v) { return shortest_text(v); };
   // The checkpoint's warmup is already clamped to its length; so is this run's.
   const std::int64_t warmup_now = std::min(f.warmup, f.schedule_steps);
   std::vector<field> fields = {
-      {"--lr", text(before.peak_lr), f.lr != before.peak_lr, [&] { f.lr = before.peak_lr; }},
-      {"--min-lr", text(before.min_lr), f.min_lr != before.min_lr,
+      {"--lr", text(before.peak_lr), text(f.lr), f.lr != before.peak_lr,
+       [&] { f.lr = before.peak_lr; }},
+      {"--min-lr", text(before.min_lr), text(f.min_lr), f.min_lr != before.min_lr,
        [&] { f.min_lr = before.min_lr; }},
-      {"--schedule-steps", std::to_string(before.total_steps),
+      {"--schedule-steps", std::to_string(before.total_steps), std::to_string(f.schedule_steps),
        f.schedule_steps != before.total_steps, [&] { f.schedule_steps = before.total_steps; }},
-      {"--warmup", std::to_string(before.warmup_steps), warmup_now != before.warmup_steps,
-       [&] { f.warmup = before.warmup_steps; }},
+      {"--warmup", std::to_string(before.warmup_steps), std::to_string(f.warmup),
+       warmup_now != before.warmup_steps, [&] { f.warmup = before.warmup_steps; }},
   };
   std::string changed;
   for (auto& x : fields) {
@@ -906,15 +1058,13 @@ void resolve_schedule(flags& f, const zest::json::value* saved, bool root) {
       x.take_saved();
     } else if (x.differs) {
       if (!f.new_schedule)
-        fail(std::string(x.option) + " differs from the learning-rate schedule of checkpoint " +
-             f.load + " (" + x.option + " " + x.saved_text +
+        fail(std::string(x.option) + " " + x.given_text +
+             " differs from the learning-rate schedule of checkpoint " + f.load + " (" + x.option +
+             " " + x.saved_text +
              "); a resumed run continues its checkpoint's schedule: leave the option out, or "
              "add --new-schedule to follow the new value");
-      changed += std::string(changed.empty() ? "" : ", ") + x.option + " " + x.saved_text + " -> ";
-      changed += x.option == std::string_view("--lr")       ? text(f.lr)
-                 : x.option == std::string_view("--min-lr") ? text(f.min_lr)
-                 : x.option == std::string_view("--warmup") ? std::to_string(f.warmup)
-                                                            : std::to_string(f.schedule_steps);
+      changed += std::string(changed.empty() ? "" : ", ") + x.option + " " + x.saved_text + " -> " +
+                 x.given_text;
     }
   }
   if (root && !changed.empty())
@@ -957,6 +1107,23 @@ int main(int argc, char** argv) {
     // Everything that can be checked before the work: the options, the outputs, the memory,
     // and the checkpoint's manifest and schedule.
     check_run(f, world, ranks_here);
+    {
+      // Rank 0 writes the outputs for a trial; every rank takes its verdict, so that all of
+      // them stop together (exit status 1) when an output cannot be written.
+      std::string why;
+      if (rank == 0) {
+        try {
+          probe_outputs(f);
+        } catch (const std::exception& e) {
+          why = e.what();
+        }
+      }
+      int length = static_cast<int>(why.size());
+      MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      why.resize(static_cast<std::size_t>(length));
+      MPI_Bcast(why.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+      if (!why.empty()) throw std::invalid_argument(why);
+    }
     resolve_arch(f);
     std::optional<zest::io::checkpoint_info> resumed;
     if (!f.load.empty()) resumed = zest::io::read_checkpoint_info(f.load);

@@ -165,6 +165,38 @@ inline zest::json::value config_json(const flags& f, std::size_t vocab) {
   return c;
 }
 
+// The settings of config_json that differ between a checkpoint's (`saved`) and this run's
+// (`now`), as options: "--batch 8 (this run: 16), --seed 1 (this run: 2)"; empty when none.
+inline std::string settings_differing(const zest::json::value& saved,
+                                      const zest::json::value& now) {
+  if (!saved.is_object() || !now.is_object()) return saved == now ? "" : "(unreadable config)";
+  const auto option = [](const std::string& key) {
+    if (key == "vocab") return std::string("the corpus's vocabulary");
+    if (key == "tied_head") return std::string("--tie-head");
+    if (key == "dropless") return std::string("--moe-dropless");
+    std::string o = "--" + key;
+    std::replace(o.begin(), o.end(), '_', '-');
+    return o;
+  };
+  const auto text = [](const zest::json::value* v) {
+    return v == nullptr ? std::string("not set") : zest::json::dump(*v);
+  };
+  std::vector<std::string> keys;
+  for (const auto* side : {&saved, &now}) {
+    for (const auto& [key, value] : side->as_object()) {
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    }
+  }
+  std::string out;
+  for (const std::string& key : keys) {
+    const zest::json::value* a = saved.find(key);
+    const zest::json::value* b = now.find(key);
+    if (a != nullptr && b != nullptr && *a == *b) continue;
+    out += (out.empty() ? "" : ", ") + option(key) + " " + text(a) + " (this run: " + text(b) + ")";
+  }
+  return out;
+}
+
 // The model's vocabulary: the corpus's, rounded up to a multiple of 32 so that the tables
 // split evenly over 1, 2, 4, ... ranks (the extra rows are never a target).
 inline std::size_t padded_vocab(std::size_t v) { return (v + 31) / 32 * 32; }
@@ -335,11 +367,10 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
       std::erase_if(saved.as_object(), [](const auto& m) {
         return m.first == "schedule" || m.first == "routing_bias";
       });
-    if (saved != config_json(f, data.vocab_size())) {
-      // Same tensors (else load_training_state refused) but another batch or seed.
-      if (root)
-        std::cout << "note: the checkpoint was trained with other settings: "
-                  << zest::json::dump(info.metadata["config"]) << '\n';
+    // Same tensors (else load_training_state refused) but another batch or seed, say.
+    if (const std::string other = settings_differing(saved, config_json(f, data.vocab_size()));
+        root && !other.empty()) {
+      std::cout << "note: the checkpoint was trained with other settings: " << other << '\n';
     }
     step = info.step;
   }

@@ -80,7 +80,7 @@ def main():
              "--batch", str(a.batch)] + flags, env)
         times = {side: [] for side in SIDES}
         ratios = {"ddp": [], "fsdp2": []}
-        phases = {side: {"forward_s": [], "backward_s": [], "update_s": []} for side in SIDES[1::2]}
+        phases = {side: {"forward_s": [], "backward_s": [], "update_s": []} for side in SIDES}
         for r in range(a.rounds):
             order = SIDES if r % 2 == 0 else SIDES[1::-1] + SIDES[3:1:-1]
             logs = {}

@@ -6,7 +6,8 @@
 Cases (see fault_program.cpp):
   fail-all  every rank fails: every rank's whole message (from "[rank r of N] zest: ..." to
             "END r", byte for byte as the program builds it) must be in the output of every
-            run, and the exit status non-zero.
+            run, and the exit status 1, report_and_abort's, in every run: never the launcher's
+            9 (a rank killed) nor its "BAD TERMINATION" banner.
   stop      the last rank stops before an all_reduce; with ZEST_WATCHDOG_MS=1000 every other
             rank must report a collective_timeout naming the op, the axis, the count and the
             silent rank, and the run must end (non-zero) well before the stopped rank would.
@@ -33,6 +34,10 @@ def check(case, ranks, status, output, elapsed, watchdog_s):
     if status == 0:
         problems.append("exit status 0, expected a failure")
     if case == "fail-all":
+        if status not in (0, 1):
+            problems.append(f"exit status {status}, expected 1 (every rank exits with 1)")
+        if "BAD TERMINATION" in output:
+            problems.append("the launcher reports a bad termination: a rank was killed")
         for r in range(ranks):
             if expected_failure(r, ranks) not in output:
                 problems.append(f"rank {r}'s message is missing or not whole")

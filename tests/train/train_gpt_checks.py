@@ -207,8 +207,35 @@ def cmd_resume(a):
     # Another --schedule-steps on resume is refused, naming the checkpoint's.
     p, _ = run(mpi(4) + ["--zero", "1", "--steps", "20", "--schedule-steps", "30", "--load",
                          ckpt], expect_ok=False)
-    if p.returncode == 0 or "--schedule-steps differs from the learning-rate schedule" not in p.stdout:
+    if p.returncode == 0 or not re.search(
+            r"--schedule-steps 30 differs from the learning-rate schedule of checkpoint \S+ "
+            r"\(--schedule-steps 20\)", p.stdout):
         fail("a different --schedule-steps on resume was not refused", p.stdout)
+    # The refusal names this run's value and the checkpoint's, each as short as it reads back.
+    p, _ = run(mpi(2) + ["--steps", "20", "--lr", "0.001", "--load", ckpt], expect_ok=False)
+    if p.returncode == 0 or not re.search(
+            r"--lr 0\.001 differs from the learning-rate schedule of checkpoint \S+ \(--lr 0\.003\)",
+            p.stdout):
+        fail("another --lr on resume was not refused with both values", p.stdout)
+    # A --log that is not a training log: refused up front, naming the file's role.
+    not_a_log = os.path.join(a.dir, "not_a_log.txt")
+    with open(not_a_log, "w") as f:
+        f.write("some notes, not a log\n")
+    p, _ = run(mpi(2) + ["--steps", "20", "--load", ckpt, "--log", not_a_log], expect_ok=False)
+    if p.returncode != 1 or "--log %s: the file exists and is not a training log" % not_a_log \
+            not in p.stdout:
+        fail("a --log that is not a training log was not refused as such", p.stdout)
+    # An output inside the checkpoint that the run saves: refused before any work, and the
+    # checkpoint is intact (the resumed run below loads it).
+    p, _ = run(mpi(2) + ["--steps", "20", "--load", ckpt, "--save", ckpt, "--plot",
+                         os.path.join(ckpt, "manifest.json")], expect_ok=False)
+    if p.returncode != 1 or "is inside the --save folder" not in p.stdout:
+        fail("--plot into the --save folder was not refused", p.stdout)
+    # Other settings that no tensor shows: a note naming each, with both values (no steps).
+    p, _ = run(mpi(2) + ["--steps", "10", "--load", ckpt, "--seed", "7"])
+    if "note: the checkpoint was trained with other settings: --seed 1234 (this run: 7)" \
+            not in p.stdout:
+        fail("the note on other settings does not name the seed and both values", p.stdout)
     run(mpi(4) + ["--zero", "1", "--steps", "20", "--load", ckpt, "--log", part2])
     a_steps = read_log(whole)["steps"]
     b_steps = read_log(part1)["steps"] + read_log(part2)["steps"]

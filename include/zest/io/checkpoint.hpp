@@ -212,70 +212,92 @@ void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
 
   // 4. Every shard is durable: rank 0 commits, by renaming the new manifest over the old.
   std::set<std::string> named;
-  d::agree(world, d::attempt(op, [&] {
-             if (rank != 0) return;
-             json::value m;
-             m["format"] = checkpoint_format_name;
-             m["version"] = checkpoint_format_version;
-             m["step"] = info.step;
-             m["generation"] = d::generation_text(generation);
-             m["mesh"] = mesh.describe();
-             m["world_size"] = static_cast<std::int64_t>(n);
-             m["byte_order"] = d::native_byte_order();
-             m["checksum"] = "xxh64";
-             m["metadata"] = info.metadata;
-             std::vector<json::value> per_tensor(tensors.size());
-             for (std::size_t i = 0; i < tensors.size(); ++i) {
-               const tensor_record& t = tensors[i];
-               json::value& v = per_tensor[i];
-               v["name"] = t.name;
-               v["dims"] = t.dims;
-               v["dtype"] = name_of(t.type);
-               v["element_bytes"] = d::element_size(t.type);
-               v["extents"] = d::extents_json(t.global_extents);
-               v["layout"] = t.layout;
-               v["blocks"] = json::array{};
-             }
-             json::value files = json::array{};
-             std::size_t at = 0;
-             for (std::size_t r = 0; r < n; ++r) {
-               const std::size_t end = at + counts[r];
-               const std::string name =
-                   d::shard_file_name(info.step, generation, static_cast<int>(r));
-               std::int64_t file_bytes = 0;
-               while (at < end) {
-                 const auto i = static_cast<std::size_t>(all[at]);
-                 const std::size_t rank_of = tensors[i].dims.size();
-                 json::value b;
-                 b["file"] = name;
-                 b["offset"] = all[at + 1];
-                 b["bytes"] = all[at + 2];
-                 b["checksum"] = format_checksum(std::bit_cast<std::uint64_t>(all[at + 3]));
-                 json::value off = json::array{}, ext = json::array{};
-                 for (std::size_t k = 0; k < rank_of; ++k) {
-                   off.push_back(all[at + 4 + k]);
-                   ext.push_back(all[at + 4 + rank_of + k]);
-                 }
-                 b["box_offsets"] = std::move(off);
-                 b["box_extents"] = std::move(ext);
-                 per_tensor[i]["blocks"].push_back(std::move(b));
-                 file_bytes = std::max(file_bytes, all[at + 1] + all[at + 2]);
-                 at += 4 + 2 * rank_of;
-               }
-               if (counts[r] == 0) continue;
-               json::value f;
-               f["file"] = name;
-               f["bytes"] = file_bytes;
-               files.push_back(std::move(f));
-               named.insert(name);
-             }
-             m["files"] = std::move(files);
-             m["tensors"] = json::value(std::move(per_tensor));
-             m[std::string(d::manifest_checksum_key)] = format_checksum(d::manifest_checksum(m));
-             atomic_file_writer out(dir / manifest_file_name, op);
-             out.write(json::dump(m, 1) + "\n");
-             out.commit();
-           }));
+  bool manifest_in_place = false;
+  const d::outcome committed = d::attempt(op, [&] {
+    if (rank != 0) return;
+    json::value m;
+    m["format"] = checkpoint_format_name;
+    m["version"] = checkpoint_format_version;
+    m["step"] = info.step;
+    m["generation"] = d::generation_text(generation);
+    m["mesh"] = mesh.describe();
+    m["world_size"] = static_cast<std::int64_t>(n);
+    m["byte_order"] = d::native_byte_order();
+    m["checksum"] = "xxh64";
+    m["metadata"] = info.metadata;
+    std::vector<json::value> per_tensor(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const tensor_record& t = tensors[i];
+      json::value& v = per_tensor[i];
+      v["name"] = t.name;
+      v["dims"] = t.dims;
+      v["dtype"] = name_of(t.type);
+      v["element_bytes"] = d::element_size(t.type);
+      v["extents"] = d::extents_json(t.global_extents);
+      v["layout"] = t.layout;
+      v["blocks"] = json::array{};
+    }
+    json::value files = json::array{};
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::size_t end = at + counts[r];
+      const std::string name = d::shard_file_name(info.step, generation, static_cast<int>(r));
+      std::int64_t file_bytes = 0;
+      while (at < end) {
+        const auto i = static_cast<std::size_t>(all[at]);
+        const std::size_t rank_of = tensors[i].dims.size();
+        json::value b;
+        b["file"] = name;
+        b["offset"] = all[at + 1];
+        b["bytes"] = all[at + 2];
+        b["checksum"] = format_checksum(std::bit_cast<std::uint64_t>(all[at + 3]));
+        json::value off = json::array{}, ext = json::array{};
+        for (std::size_t k = 0; k < rank_of; ++k) {
+          off.push_back(all[at + 4 + k]);
+          ext.push_back(all[at + 4 + rank_of + k]);
+        }
+        b["box_offsets"] = std::move(off);
+        b["box_extents"] = std::move(ext);
+        per_tensor[i]["blocks"].push_back(std::move(b));
+        file_bytes = std::max(file_bytes, all[at + 1] + all[at + 2]);
+        at += 4 + 2 * rank_of;
+      }
+      if (counts[r] == 0) continue;
+      json::value f;
+      f["file"] = name;
+      f["bytes"] = file_bytes;
+      files.push_back(std::move(f));
+      named.insert(name);
+    }
+    m["files"] = std::move(files);
+    m["tensors"] = json::value(std::move(per_tensor));
+    m[std::string(d::manifest_checksum_key)] = format_checksum(d::manifest_checksum(m));
+    atomic_file_writer out(dir / manifest_file_name, op);
+    out.write(json::dump(m, 1) + "\n");
+    try {
+      out.commit();
+    } catch (...) {
+      manifest_in_place = out.renamed();
+      throw;
+    }
+  });
+  try {
+    d::agree(world, committed);
+  } catch (...) {
+    // No commit (a full disk, say): this generation's shards are named by no manifest, so
+    // each rank removes its own now rather than leave them to a later save. Unless the new
+    // manifest did get renamed in place (only flushing the folder failed): then it names
+    // them, and the old manifest, which a crash could still bring back, names the old files,
+    // so both generations stay. Rank 0 alone knows which; it tells the others (best effort:
+    // if that fails too, the shards stay, as before).
+    try {
+      std::array<std::int64_t, 1> kept{manifest_in_place ? 1 : 0};
+      world.template broadcast<std::int64_t>(std::span<std::int64_t>(kept), 0);
+      if (kept[0] == 0 && shard_in_place) (void)zest::detail::remove_file(shard);
+    } catch (...) {
+    }
+    throw;
+  }
 
   // 5. Committed on every rank's word: what the new manifest does not name goes.
   if (rank == 0) d::remove_stale_files(dir, named);

@@ -4,6 +4,8 @@
 //   r.loss;               // the global mean loss (every rank)
 //   r.traffic;            // parameter and gradient collectives of this step (axis counters)
 //   r.scalar_traffic;     // loss, norm and agreement reductions (world counter)
+//   r.seconds;            // the whole step: r.forward_seconds + r.backward_seconds +
+//                         // r.update_seconds (and the counters' reads)
 //
 // The model is anything with loss(tape&, inputs, targets, seed) returning a scalar variable.
 #pragma once
@@ -25,6 +27,11 @@ struct train_step_result {
   comm_stats traffic;         // over the mesh's axis communicators
   comm_stats scalar_traffic;  // over the world communicator
   double seconds = 0;
+  // Its parts: forward (to the loss, its all-reduce included), backward (with the gradients'
+  // reductions that it overlaps and those it waits for at its end) and the optimizer's update.
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double update_seconds = 0;
   // zest's live bytes at their highest during the step, in the memory the mesh's backend
   // keeps tensors in (device memory on a GPU)
   std::int64_t peak_bytes = 0;
@@ -38,20 +45,30 @@ train_step_result train_step(zero_engine<P>& engine, const Model& model, const I
   const comm_stats world_before = mesh.world().stats();
   memory::counters& bytes = backend_of<typename P::mesh_type>::counters();
   bytes.peak.store(bytes.live.load());
-  const auto start = std::chrono::steady_clock::now();
+  using clock = std::chrono::steady_clock;
+  const auto since = [](clock::time_point from) {
+    return std::chrono::duration<double>(clock::now() - from).count();
+  };
+  const auto start = clock::now();
 
   train_step_result r;
+  clock::time_point backward_start;
   {
     autodiff::tape t;
     auto loss = model.loss(t, inputs, targets, seed);
     r.loss = engine.scalar_value(loss.value());
+    r.forward_seconds = since(start);
+    backward_start = clock::now();
     engine.backward(loss);
-  }
+  }  // the tape's buffers are freed here, inside backward's time
+  r.backward_seconds = since(backward_start);
+  const auto update_start = clock::now();
   r.report = engine.step(lr);
   // The step's device work (the optimizer's kernels, the published copies) inside the time.
   backend_of<typename P::mesh_type>::synchronize();
+  r.update_seconds = since(update_start);
 
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.seconds = since(start);
   r.peak_bytes = bytes.peak.load();
   r.traffic = mesh.stats() - axes_before;
   r.scalar_traffic = mesh.world().stats() - world_before;
