@@ -36,12 +36,20 @@ SIDES = ["zest0", "ddp", "zest3", "fsdp2"]
 MATCH_LIMIT = 1e-5
 
 
-def run(command, env=None):
-    result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    if result.returncode != 0:
-        sys.stdout.write(result.stdout)
-        raise SystemExit(f"compare.py: {' '.join(command)} exited with status {result.returncode}")
+def run(command, env=None, tries=1):
+    """Runs command; a failure is retried up to tries - 1 times (torch's runs: gloo's
+    processes have died at exit now and then, "terminate called without an active
+    exception", after a run whose steps were complete), then ends the comparison."""
+    for attempt in range(1, tries + 1):
+        result = subprocess.run(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        if result.returncode == 0:
+            return
+        if attempt < tries:
+            print(f"compare.py: {' '.join(command)} exited with status {result.returncode}; "
+                  f"running it again (try {attempt + 1} of {tries})", flush=True)
+    sys.stdout.write(result.stdout)
+    raise SystemExit(f"compare.py: {' '.join(command)} exited with status {result.returncode}")
 
 
 def steps_of(log):
@@ -94,7 +102,7 @@ def main():
                                f"--nproc-per-node={a.nprocs}",
                                os.path.join(HERE, "torch_gpt.py"), "--init", init, "--wrap", side,
                                "--json", log] + common
-                run(command, env)
+                run(command, env, tries=1 if side.startswith("zest") else 2)
                 logs[side] = steps_of(log)
                 times[side] += [s["seconds"] for s in logs[side][a.skip:]]
                 for phase, values in phases.get(side, {}).items():

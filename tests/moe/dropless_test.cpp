@@ -111,6 +111,9 @@ struct layer_result {
   moe::all_to_all_volume formula;
   std::vector<double> bias_after;
   std::vector<std::int64_t> load;  // update_routing_bias's
+  // Every communicator's record after the whole step (forward, backward, optimizer, bias
+  // update): comparable across runs on meshes made for them.
+  std::vector<schedule_fingerprint> schedule;
 };
 
 template <class V>
@@ -168,6 +171,7 @@ layer_result run_layer(const mesh2& m, const setup& s, MPI_Comm comm) {
   engine.step(0.0);  // the optimizer's collectives too, whatever the routing
   out.load = layer.update_routing_bias();
   out.bias_after = layer.routing_bias();
+  out.schedule = schedule_of(m);
   return out;
 }
 
@@ -420,6 +424,76 @@ TEST_CASE("dropless layer: experts idle on some ranks, every ZeRO stage") {
     check_same(r1, w1, 2e-6);
     check_same(r2, w2, 2e-6);
     check_same(r3, w3, 2e-6);
+  }
+}
+
+// Every rank's (hash, calls) of every communicator, rank-major: rank r's at r * size.
+std::vector<std::uint64_t> gathered(const std::vector<schedule_fingerprint>& mine) {
+  std::vector<std::uint64_t> words;
+  for (const auto& f : mine) {
+    words.push_back(f.hash);
+    words.push_back(f.calls);
+  }
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  std::vector<std::uint64_t> all(words.size() * static_cast<std::size_t>(ranks));
+  MPI_Allgather(words.data(), static_cast<int>(words.size()), MPI_UINT64_T, all.data(),
+                static_cast<int>(words.size()), MPI_UINT64_T, MPI_COMM_WORLD);
+  return all;
+}
+
+// Issue 24's routing invariance: the collectives a rank issues (kind, element type, counts
+// but an all_to_all's, reduction; their number) do not depend on where the tokens go. For
+// capacity and dropless layers under every ZeRO stage, on every mesh shape: routings that
+// send every token to two experts (the other experts receive nothing anywhere, and on ep = 2
+// the ranks that hold them send all their tokens away), and a batch that leaves some rank
+// without a token, give every rank the same schedule as the others and as the balanced
+// run's on a mesh made alike.
+template <int Stage>
+void check_routing_invariance(const std::array<int, 2>& shape, bool dropless) {
+  setup balanced;
+  balanced.gating.dropless = dropless;
+  balanced.gating.random_routing = false;
+  setup skewed = balanced;
+  skewed.routing_bias = {10, 10, -10, -10};  // top-2 is experts 0 and 1, always
+  setup one_expert = balanced;
+  one_expert.gating.top_k = 1;
+  one_expert.routing_bias = {-10, -10, -10, 10};  // every token to expert 3
+  setup sparse = skewed;
+  sparse.batch = 3;  // 3 sequences over up to 4 ranks: some rank holds no token
+  setup sparse_balanced = balanced;
+  sparse_balanced.batch = 3;
+  const auto run = [&](const setup& s) {
+    const mesh2 m(MPI_COMM_WORLD, shape);  // fresh communicators: records start empty
+    const layer_result r = run_layer<Stage>(m, s, MPI_COMM_WORLD);
+    return gathered(r.schedule);
+  };
+  const auto want = run(balanced);
+  const std::size_t per_rank = (mesh2::axis_count + 1) * 2;  // (hash, calls) per communicator
+  REQUIRE(want.size() % per_rank == 0);
+  // Every rank the same as rank 0 in the balanced run...
+  for (std::size_t at = per_rank; at < want.size(); ++at) CHECK(want[at] == want[at % per_rank]);
+  // ...and every routing the same as it.
+  CHECK(run(skewed) == want);
+  const auto top1_want = [&] {
+    setup s = balanced;
+    s.gating.top_k = 1;
+    return run(s);
+  }();
+  CHECK(run(one_expert) == top1_want);
+  CHECK(run(sparse) == run(sparse_balanced));
+}
+
+TEST_CASE("schedule: every rank's collectives the same, whatever the routing (ZeRO 0-3)") {
+  for (const auto& shape : mesh_shapes()) {
+    CAPTURE(shape);
+    for (bool dropless : {false, true}) {
+      CAPTURE(dropless);
+      check_routing_invariance<0>({shape[0], shape[1]}, dropless);
+      check_routing_invariance<1>({shape[0], shape[1]}, dropless);
+      check_routing_invariance<2>({shape[0], shape[1]}, dropless);
+      check_routing_invariance<3>({shape[0], shape[1]}, dropless);
+    }
   }
 }
 

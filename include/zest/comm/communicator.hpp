@@ -57,6 +57,18 @@ struct collective_counter {
   std::uint64_t bytes_sent = 0;
 };
 
+// What a communicator's ranks must agree on about the collectives it issued so far, as one
+// value (mpi_communicator::schedule()): a running hash over each call's kind, element type,
+// reduction or root and counts (not an all_to_all's element count, which the data decides:
+// its per-rank counts travel with it), and the number of calls. Two runs, or two ranks,
+// that issued the same sequence of collectives on a communicator made alike have equal
+// fingerprints; check_schedule compares them across the ranks.
+struct schedule_fingerprint {
+  std::uint64_t hash = 0;
+  std::uint64_t calls = 0;
+  friend bool operator==(const schedule_fingerprint&, const schedule_fingerprint&) = default;
+};
+
 // Per-kind counters of one communicator.
 struct comm_stats {
   std::array<collective_counter, collective_kinds> by_kind{};

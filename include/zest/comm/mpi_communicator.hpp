@@ -206,6 +206,12 @@ class mpi_communicator {
   void check_schedule(std::string_view where = {}, source_site at = source_site::current()) {
     core_->check_schedule(where, at);
   }
+  // This rank's record of the collectives issued so far, the value check_schedule compares:
+  // for tests and tools that compare schedules across runs (a run under adversarial data
+  // against a balanced one).
+  schedule_fingerprint schedule() const {
+    return {core_->schedule().hash(), core_->schedule().calls()};
+  }
 
   // Every rank's `mine` (as many words on each), rank-major, through the communicator's
   // check channel: not a counted collective, not in the schedule, under the watchdog. For

@@ -247,6 +247,30 @@ void check_schedule(const Mesh& mesh, std::string_view where = {},
   check(mesh.world());
 }
 
+// Every communicator's schedule_fingerprint (the axes in order, then the world), on this
+// rank: equal across the ranks when they issued the same collectives, and across runs on
+// meshes made alike when the runs did. Communicators that keep no record (one rank, NCCL)
+// give {0, 0}.
+template <class Mesh>
+requires requires(const Mesh& m) {
+  m.world();
+  m.axis(std::size_t{0});
+  Mesh::axis_count;
+}
+std::vector<schedule_fingerprint> schedule_of(const Mesh& mesh) {
+  const auto of = [](auto& c) -> schedule_fingerprint {
+    if constexpr (requires { c.schedule(); }) {
+      return c.schedule();
+    } else {
+      return {};
+    }
+  };
+  std::vector<schedule_fingerprint> out;
+  for (std::size_t a = 0; a < Mesh::axis_count; ++a) out.push_back(of(mesh.axis(a)));
+  out.push_back(of(mesh.world()));
+  return out;
+}
+
 // The two meshes are classes rather than alias templates: nvcc's host-code generator
 // loses string-literal template arguments that pass through an alias template.
 #if ZEST_HAS_MPI
