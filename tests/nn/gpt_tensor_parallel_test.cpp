@@ -8,12 +8,19 @@
 //   - each rank holds 1/tp of the logits, never the whole vocabulary;
 //   - DeepSpeed-Ulysses on mesh<"dp", "tp", "sp">: the sequence split over sp (and tp
 //     inside it), the attention's q, k, v and output moved by all-to-alls between the
-//     sequence and the heads: one rank's losses and parameters, and the all-to-all bytes.
+//     sequence and the heads: one rank's losses and parameters, and the all-to-all bytes;
+//   - the collectives of a step do not depend on the tokens (issue 24): padding-only and
+//     one-id batches give every rank the corpus's schedule.
 #include <doctest/doctest.h>
 
+#include <mpi.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "support/fixtures.hpp"
 #include "train/training_fixture.hpp"
@@ -276,6 +283,53 @@ TEST_CASE("gpt, Ulysses sequence parallel (with and without tp): N ranks train l
       CHECK(sp[collective::all_to_all].bytes_sent ==
             20 * 8 * o.layers * (A / P) * (P - 1) / P * sizeof(float));
     }
+  }
+}
+
+// Issue 24's data invariance for the dense layers: the collectives of three training steps
+// (forward, backward, ZeRO-3's gathers and reductions, the optimizer), as every
+// communicator's schedule_fingerprint, on a mesh made for the run; every rank's, rank-major.
+template <class Policy, class Tokens, class Mesh = typename Policy::mesh_type>
+std::vector<std::uint64_t> step_schedule(const std::array<int, Mesh::axis_count>& shape,
+                                         std::span<const std::int32_t> text) {
+  const Mesh mesh(MPI_COMM_WORLD, shape);
+  zero_engine<Policy> engine(mesh, {.seed = 5});
+  const gpt<Policy> model(engine, small_gpt());
+  batch_sampler s(text, small_batch, small_gpt().context, 7);
+  for (std::size_t k = 0; k < 3; ++k) {
+    const auto [in, tg] = s.template batch<Tokens>(mesh, k);
+    (void)train_step(engine, model, in, tg, learning_rate(static_cast<std::int64_t>(k)), k);
+  }
+  std::vector<std::uint64_t> mine;
+  for (const auto& f : schedule_of(mesh)) {
+    mine.push_back(f.hash);
+    mine.push_back(f.calls);
+  }
+  std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(world_size()));
+  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
+                static_cast<int>(mine.size()), MPI_UINT64_T, MPI_COMM_WORLD);
+  for (std::size_t at = mine.size(); at < all.size(); ++at) CHECK(all[at] == all[at % mine.size()]);
+  return all;
+}
+
+// The corpus's batches against batches of one token (a padding-only text: every position
+// the same id, the last of the vocabulary) and of the first id: tensor parallel, sequence
+// parallel and Ulysses, each rank the same as the others and as the corpus's run.
+TEST_CASE("gpt, tp, sp and Ulysses: every rank's collectives the same, whatever the tokens") {
+  const std::vector<std::int32_t> padding(512, static_cast<std::int32_t>(small_gpt().vocab - 1));
+  const std::vector<std::int32_t> first(512, 0);
+  for (const auto& shape : mesh_shapes()) {
+    CAPTURE(shape);
+    const auto tp = step_schedule<policy, tensor_parallel>(shape, corpus().train());
+    CHECK(step_schedule<policy, tensor_parallel>(shape, padding) == tp);
+    CHECK(step_schedule<policy, tensor_parallel>(shape, first) == tp);
+    const auto sp = step_schedule<policy, sequence_parallel>(shape, corpus().train());
+    CHECK(step_schedule<policy, sequence_parallel>(shape, padding) == sp);
+  }
+  for (const auto& shape : ulysses_shapes()) {
+    CAPTURE(shape);
+    const auto u = step_schedule<ulysses_policy, ulysses_tokens>(shape, corpus().train());
+    CHECK(step_schedule<ulysses_policy, ulysses_tokens>(shape, padding) == u);
   }
 }
 
