@@ -12,6 +12,12 @@ Cases (see fault_program.cpp):
             rank must report a collective_timeout naming the op, the axis, the count and the
             silent rank, and the run must end (non-zero) well before the stopped rank would.
   exit      the same, with the last rank leaving main() instead of stopping.
+  mismatch  rank 0 reduces with another op (same size) and every rank returns 0: the end of
+            the run's schedule check must end every rank with status 1 and name the axis.
+  skip      the last rank skips an all_reduce, the next one pairs with it; the others then
+            wait in that next call, the last rank in check_schedule: every rank's timeout
+            must name call #0, made from two lines, as the first call that did not match.
+  agree     the same calls everywhere: status 0 and no message.
 Passes only if all K runs pass; prints each failing run's output.
 """
 import argparse
@@ -31,8 +37,52 @@ def expected_failure(rank, ranks):
 
 def check(case, ranks, status, output, elapsed, watchdog_s):
     problems = []
+    if case == "agree":
+        if status != 0:
+            problems.append(f"exit status {status}, expected 0")
+        if "zest:" in output:
+            problems.append("a zest message in a run whose ranks agree")
+        return problems
     if status == 0:
         problems.append("exit status 0, expected a failure")
+    if case == "mismatch":
+        if status != 1:
+            problems.append(f"exit status {status}, expected 1")
+        if "BAD TERMINATION" in output:
+            problems.append("the launcher reports a bad termination: a rank was killed")
+        for r in range(ranks):
+            pattern = (rf"\[rank {r} of {ranks}\] zest: collective mismatch on axis 'world' found "
+                       rf"at the end of the run \(mpi_environment\): the ranks of the axis did "
+                       rf"not issue the same collectives since its last check_schedule: rank 0: "
+                       rf"1 call, sequence A; ranks? 1(-{ranks - 1})?: 1 call, sequence B "
+                       rf"\(as many calls, not the same ones\)")
+            if not re.search(pattern, output):
+                problems.append(f"rank {r}: no end-of-run mismatch message as expected")
+        if "axis 'freed'" in output:
+            problems.append("the freed communicator, whose ranks agree, is named")
+        return problems
+    if case == "skip":
+        last = ranks - 1
+        blame = (r"the first call that did not match is #0: this rank's all_reduce<double>\[64\] #0 "
+                 r"at comm/fault_program\.cpp:(\d+), rank \d+'s all_reduce<double>\[64\] #0 at "
+                 r"comm/fault_program\.cpp:(\d+) \(alike calls made from other lines")
+        for r in range(ranks):
+            if r < last:
+                head = (rf"\[rank {r} of {ranks}\] zest: collective timeout on axis 'world': "
+                        rf"all_reduce<double>\[64\] #1 on rank {r} of {ranks} not complete[^\n]*"
+                        rf"rank {last} waits in a check of the axis[^\n]*after its 1 call;")
+            else:
+                head = (rf"\[rank {r} of {ranks}\] zest: collective timeout on axis 'world': "
+                        rf"check_schedule at the step's end on rank {r} of {ranks} not complete"
+                        rf"[^\n]*waits in call #1 instead")
+            found = re.search(head + r"[^\n]*" + blame, output)
+            if not found:
+                problems.append(f"rank {r}: no timeout naming call #0 as the first unmatched")
+            elif found.group(1) == found.group(2):
+                problems.append(f"rank {r}: the two calls are named at the same line")
+        if elapsed > watchdog_s + 30:
+            problems.append(f"took {elapsed:.1f} s: the watchdog did not end the run")
+        return problems
     if case == "fail-all":
         if status not in (0, 1):
             problems.append(f"exit status {status}, expected 1 (every rank exits with 1)")
@@ -61,7 +111,7 @@ def main():
     p.add_argument("--np-flag", default="-n")
     p.add_argument("--program", required=True)
     p.add_argument("--ranks", type=int, required=True)
-    p.add_argument("--case", choices=["fail-all", "stop", "exit"], required=True)
+    p.add_argument("--case", choices=["fail-all", "stop", "exit", "skip", "mismatch", "agree"], required=True)
     p.add_argument("--runs", type=int, default=1)
     args = p.parse_args()
 

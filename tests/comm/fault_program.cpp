@@ -6,8 +6,19 @@
 //                            the others' watchdog (ZEST_WATCHDOG_MS) raises collective_timeout,
 //                            which they report and abort with
 //   fault_program exit       the last rank leaves main() (MPI_Finalize) before the all_reduce
+//   fault_program mismatch   outside checked mode, rank 0 reduces with max where the others
+//                            sum (the same size: MPI lets it through), then every rank returns
+//                            0 from main(): the end of the run's schedule check
+//                            (mpi_environment) must end it with status 1 and the message
+//   fault_program skip       outside checked mode, the last rank skips an all_reduce and
+//                            goes on to the same next one (which MPI pairs with the skipped
+//                            one: the sizes agree), then to check_schedule, while the others
+//                            wait in that next call: every rank's timeout names call #0, made
+//                            from other lines, as the first call that did not match
+//   fault_program agree      the same calls on every rank, on the world and on a second
+//                            communicator freed before the end: the run ends with status 0
 //
-// Exit status: 1 after a report (MPI_Abort), 0 if the collective unexpectedly succeeded.
+// Exit status: 1 after a report, 0 if the collective unexpectedly succeeded (and for agree).
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
@@ -39,8 +50,31 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::minutes(10));
     }
     if (mode == "exit" && world.rank() == last) return 0;
+    if (mode == "mismatch" || mode == "agree") {
+      world.set_checked(false);
+      std::vector<double> x(64, 1.0);
+      {
+        zest::mpi_communicator freed(MPI_COMM_WORLD, "freed");
+        freed.set_checked(false);
+        freed.all_reduce(std::span<double>(x));
+      }
+      const bool differ = mode == "mismatch" && world.rank() == 0;
+      world.all_reduce(std::span<double>(x), differ ? zest::reduce_op::max : zest::reduce_op::sum);
+      std::printf("rank %d: the all_reduces returned\n", world.rank());
+      return 0;
+    }
+    if (mode == "skip") {
+      world.set_checked(false);
+      std::vector<double> a(64, 1.0), b(64, 1.0);
+      const auto next = [&] { world.all_reduce(std::span<double>(b)); };  // one line for all
+      if (world.rank() != last) world.all_reduce(std::span<double>(a));   // the last skips it
+      next();
+      world.check_schedule("the step's end");
+      return 0;
+    }
     if (mode != "stop" && mode != "exit") {
-      throw std::invalid_argument("fault_program: mode must be fail-all, stop or exit");
+      throw std::invalid_argument(
+          "fault_program: mode must be fail-all, stop, exit, skip, mismatch or agree");
     }
     std::vector<double> x(64, 1.0);
     world.all_reduce(std::span<double>(x));

@@ -90,9 +90,10 @@ TEST_CASE(
   INFO(what);
   CHECK(contains(what, "on axis 'dp' found by check_schedule at step 3"));
   CHECK(contains(what, "the first that differs is call #0"));
-  CHECK(contains(what, "rank 0: all_gather<float>[64] #0"));
-  CHECK(contains(what, "rank 1: reduce_scatter<float>[64] #0"));
+  CHECK(contains(what, "rank 0: all_gather<float>[64] #0 at comm/schedule_check_test.cpp:"));
+  CHECK(contains(what, "rank 1: reduce_scatter<float>[64] #0 at comm/schedule_check_test.cpp:"));
   CHECK(contains(what, "in redistribute"));
+  CHECK(!contains(what, ".hpp:"));  // the user's lines, not zest's
 }
 
 TEST_CASE("schedule check: a difference older than the calls a rank remembers") {

@@ -37,3 +37,23 @@ TEST_CASE("source_site: the caller's file and line") { check_site<zest::source_s
 TEST_CASE("source_site: the builtin fallback names the caller too") {
   check_site<zest::detail::builtin_source_site>();
 }
+
+namespace {
+// A public function as zest writes them: it opens a user_call with its caller's line.
+zest::source_site public_call(int depth, zest::source_site at = zest::source_site::current()) {
+  const zest::user_call user(at);
+  if (depth > 0) return public_call(depth - 1);  // a public call made inside another
+  return zest::user_call::or_else(zest::source_site::current());
+}
+}  // namespace
+
+TEST_CASE("user_call: the outermost public call's line wins, and only while it runs") {
+  CHECK(zest::user_call::current() == nullptr);
+  const zest::source_site outside = zest::user_call::or_else(zest::source_site::current());
+  CHECK(outside.line() == __LINE__ - 1);  // outside every call: the fallback
+  const unsigned line = __LINE__ + 1;
+  const zest::source_site inner = public_call(3);
+  CHECK(inner.line() == line);
+  CHECK(ends_with(inner.file_name(), "source_site_test.cpp"));
+  CHECK(zest::user_call::current() == nullptr);  // closed again
+}

@@ -37,6 +37,7 @@
 #include "zest/backend/backend.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/einsum/einsum.hpp"
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -407,9 +408,9 @@ inline constexpr fixed_string<1> no_dims{};
 // einsum<Spec, Options...>(a, b) and einsum<Spec, Options...>(a): zest::einsum on the values
 // (options: policy and forced output layout, as there); the gradients are the derived einsums.
 template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A, sharded_tensor B>
-auto einsum(const variable<A>& a, const variable<B>& b) {
+auto einsum(const variable<A>& a, const variable<B>& b, source_site at = source_site::current()) {
   using policy = typename zest::detail::einsum_options<O1, O2>::policy;
-  auto y = zest::einsum<Spec, O1, O2>(a.value(), b.value());
+  auto y = zest::einsum<Spec, O1, O2>(a.value(), b.value(), at);
   auto out = detail::make_result(a.owner(), std::move(y), a.requires_grad() || b.requires_grad());
   if (out.requires_grad()) {
     a.owner().record([an = a.node(), bn = b.node(), on = out.node()] {
@@ -424,10 +425,10 @@ auto einsum(const variable<A>& a, const variable<B>& b) {
 }
 
 template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A>
-auto einsum(const variable<A>& a) {
+auto einsum(const variable<A>& a, source_site at = source_site::current()) {
   using policy = typename zest::detail::einsum_options<O1, O2>::policy;
   auto out =
-      detail::make_result(a.owner(), zest::einsum<Spec, O1, O2>(a.value()), a.requires_grad());
+      detail::make_result(a.owner(), zest::einsum<Spec, O1, O2>(a.value(), at), a.requires_grad());
   if (out.requires_grad()) {
     a.owner().record([an = a.node(), on = out.node()] {
       if (on->grad) an->accumulate(einsum_operand_gradient<Spec, 0, policy>(*on->grad, an->value));
@@ -441,10 +442,11 @@ auto einsum(const variable<A>& a) {
 // redistribute<L>(x) takes the layout as a value (a layout_key, as layers compute it).
 // A variable that has the layout already is itself the result (no copy, no tape step).
 template <layout_key L, sharded_tensor X>
-auto redistribute(const variable<X>& x) {
+auto redistribute(const variable<X>& x, source_site at = source_site::current()) {
   if constexpr (static_cast<layout_key>(X::layout) == L) {
     return x;
   } else {
+    const user_call user(at);
     auto out =
         detail::make_result(x.owner(), zest::redistribute_to<L>(x.value()), x.requires_grad());
     if (out.requires_grad()) {
@@ -456,8 +458,8 @@ auto redistribute(const variable<X>& x) {
   }
 }
 template <class Layout, sharded_tensor X>
-auto redistribute(const variable<X>& x) {
-  return redistribute<layout_key(layout_value_of<typename X::mesh_type, X::dims, Layout>)>(x);
+auto redistribute(const variable<X>& x, source_site at = source_site::current()) {
+  return redistribute<layout_key(layout_value_of<typename X::mesh_type, X::dims, Layout>)>(x, at);
 }
 
 namespace detail {
@@ -609,11 +611,12 @@ auto sum(const variable<X>& x) {
 // Runs backward from a scalar: its gradient is 1 (on coordinate 0 of its partial axes...
 // which are replicated in the dual), then every recorded step in reverse.
 template <sharded_tensor L>
-void backward(const variable<L>& loss) {
+void backward(const variable<L>& loss, source_site at = source_site::current()) {
   static_assert(L::rank == 0,
                 "zest autodiff backward: start from a scalar. Fix: sum(...) the loss first.");
   using g_t = dual_tensor<L>;
   if (!loss.requires_grad()) return;
+  const user_call user(at);  // the gradients' collectives (and the hooks') name this line
   loss.node()->grad.emplace(g_t::generate(loss.value().mesh(), {},
                                           [](const auto&) { return typename L::value_type(1); }));
   loss.owner().run_backward();

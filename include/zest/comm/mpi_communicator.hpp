@@ -230,7 +230,7 @@ class mpi_communicator {
 
  private:
   static detail::mpi_call at(detail::mpi_call call, const source_site& where) {
-    call.where = where;
+    call.where = user_call::or_else(where);
     return call;
   }
   template <class T>

@@ -28,23 +28,40 @@
 //   - the grace ran out (some rank is blocked, still computing, or stopped): MPI_Abort.
 // Either way every message written is out before any process is killed: MPI_Abort ends
 // every process, and output the launcher has not yet forwarded is lost with them.
+//
+// The end of the run checks the collective schedule: when the environment that initialised
+// MPI ends normally (not while an exception unwinds), the ranks compare the record of every
+// zest MPI communicator the program made (zest/comm/detail/schedule_log.hpp: the collectives
+// each rank issued on it), with one all-gather on a duplicate of MPI_COMM_WORLD, under the
+// watchdog's deadline. Ranks that issued other collectives than their peers since the last
+// check_schedule, even of the same sizes (which MPI lets through, with wrong data), then end
+// with collective_mismatch's message through report_and_abort (exit status 1) instead of
+// exiting 0. A rank that does not reach the end within the deadline ends the run the same way.
 #pragma once
 
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <map>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
+#include "zest/comm/checked.hpp"
 #include "zest/comm/detail/mpi_comms.hpp"
+#include "zest/comm/detail/rank_list.hpp"
+#include "zest/comm/detail/schedule_registry.hpp"
+#include "zest/core/backoff.hpp"
 #include "zest/core/error.hpp"
 
 namespace zest {
@@ -147,6 +164,132 @@ inline std::chrono::milliseconds abort_grace() {
   report_and_abort(std::string_view(error.what()), exit_code);
 }
 
+namespace detail {
+// Waits for `pending` until the watchdog's deadline (none when it is 0), polling with backoff.
+inline bool wait_within_watchdog(MPI_Request& pending) {
+  const auto limit = checked_mode().watchdog;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  backoff pause;
+  for (unsigned polls = 0;; ++polls) {
+    int done = 0;
+    if (MPI_Test(&pending, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done != 0) return true;
+    if (limit.count() > 0 && polls >= backoff::spins &&
+        std::chrono::steady_clock::now() >= deadline) {
+      return false;
+    }
+    pause();
+  }
+}
+
+// The end of the run's schedule check over `comm` (a duplicate of MPI_COMM_WORLD): "" when
+// every communicator's ranks agree, else the message this rank ends with.
+inline std::string end_of_run_mismatch(MPI_Comm comm) {
+  int world_size = 1, world_rank = 0;
+  MPI_Comm_size(comm, &world_size);
+  MPI_Comm_rank(comm, &world_rank);
+  constexpr std::size_t words = 4;  // key, hash, calls, rank in the communicator
+  std::vector<std::uint64_t> mine;
+  for (const auto& e : schedule_registry::instance().entries()) {
+    if (!schedule_registry::compared(e)) continue;
+    const auto [hash, calls] = schedule_registry::record_of(e);
+    mine.insert(mine.end(), {e.key, hash, calls, static_cast<std::uint64_t>(e.rank)});
+  }
+  const auto timed_out = [&] {
+    return message(
+        "zest: mpi_environment: the end of the run's schedule check did not complete "
+        "within the watchdog's ",
+        checked_mode().watchdog.count(),
+        " ms: some rank has not reached the end of the run (it is blocked in a "
+        "collective, still computing, or has stopped)");
+  };
+  std::vector<int> counts(static_cast<std::size_t>(world_size)), starts(counts.size());
+  int count = static_cast<int>(mine.size());
+  MPI_Request pending = MPI_REQUEST_NULL;
+  if (MPI_Iallgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm, &pending) !=
+      MPI_SUCCESS) {
+    return "";  // no check possible: MPI is failing already
+  }
+  if (!wait_within_watchdog(pending)) {
+    keep_forever(std::move(counts));  // MPI may still write them
+    return timed_out();
+  }
+  int total = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    starts[r] = total;
+    total += counts[r];
+  }
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(total));
+  if (MPI_Iallgatherv(mine.data(), count, MPI_UINT64_T, all.data(), counts.data(), starts.data(),
+                      MPI_UINT64_T, comm, &pending) != MPI_SUCCESS) {
+    return "";
+  }
+  if (!wait_within_watchdog(pending)) {
+    keep_forever(std::move(mine));
+    keep_forever(std::move(all));
+    keep_forever(std::move(counts));
+    keep_forever(std::move(starts));
+    return timed_out();
+  }
+  // Every rank sees every record: the verdict is the same everywhere.
+  struct seen {
+    int world_rank, rank;
+    std::uint64_t hash, calls;
+  };
+  std::map<std::uint64_t, std::vector<seen>> by_key;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    for (int w = 0; w < counts[r]; w += static_cast<int>(words)) {
+      const std::uint64_t* f = &all[static_cast<std::size_t>(starts[r] + w)];
+      by_key[f[0]].push_back({static_cast<int>(r), static_cast<int>(f[3]), f[1], f[2]});
+    }
+  }
+  std::ostringstream out;
+  std::vector<int> involved;
+  for (auto& [key, ranks] : by_key) {
+    const bool agree = std::all_of(ranks.begin(), ranks.end(), [&](const seen& s) {
+      return s.hash == ranks.front().hash && s.calls == ranks.front().calls;
+    });
+    if (agree) continue;
+    for (const seen& s : ranks) involved.push_back(s.world_rank);
+    const schedule_registry::entry* here = nullptr;
+    for (const auto& e : schedule_registry::instance().entries()) {
+      if (e.key == key) here = &e;
+    }
+    if (here == nullptr) continue;  // not a communicator of this rank: its ranks say which
+    std::sort(ranks.begin(), ranks.end(),
+              [](const seen& a, const seen& b) { return a.rank < b.rank; });
+    bool same_counts = true;
+    for (const seen& s : ranks) same_counts = same_counts && s.calls == ranks.front().calls;
+    out << (out.tellp() > 0 ? "\n" : "") << "zest: collective mismatch on axis '" << here->name
+        << "' found at the end of the run (mpi_environment): the ranks of the axis did not issue "
+           "the same collectives since its last check_schedule: "
+        << per_rank(
+               ranks.size(),
+               [&](std::size_t r) {
+                 const auto same_as = std::find_if(ranks.begin(), ranks.end(), [&](const seen& s) {
+                   return s.hash == ranks[r].hash && s.calls == ranks[r].calls;
+                 });
+                 return message(ranks[r].calls, ranks[r].calls == 1 ? " call" : " calls",
+                                ", sequence ",
+                                static_cast<char>(
+                                    'A' + std::min<std::ptrdiff_t>(same_as - ranks.begin(), 25)));
+               },
+               true)
+        << (same_counts ? " (as many calls, not the same ones)" : "")
+        << ". zest::check_schedule(mesh) names the first call that differs (zero_engine::step "
+           "checks every step); ZEST_CHECKED=1 stops at the first such call";
+  }
+  if (involved.empty()) return "";
+  if (out.tellp() > 0) return out.str();
+  std::sort(involved.begin(), involved.end());
+  involved.erase(std::unique(involved.begin(), involved.end()), involved.end());
+  return message(
+      "zest: collective mismatch found at the end of the run (mpi_environment) on a "
+      "communicator of world ranks ",
+      rank_list(involved), ", which this rank is not part of: their messages name it");
+}
+}  // namespace detail
+
 class mpi_environment {
  public:
   mpi_environment() : mpi_environment(nullptr, nullptr) {}
@@ -164,11 +307,15 @@ class mpi_environment {
       }
       owns_ = true;
     }
-    // Every rank constructs its environment, so this collective call lines up.
+    // Every rank constructs its environment, so these collective calls line up.
     if (detail::abort_comm() == MPI_COMM_NULL &&
         detail::duplicate_politely(MPI_COMM_WORLD, std::span(&detail::abort_comm(), 1)) ==
             MPI_SUCCESS) {
       owns_abort_comm_ = true;
+    }
+    if (owns_ &&
+        detail::duplicate_politely(MPI_COMM_WORLD, std::span(&end_comm_, 1)) != MPI_SUCCESS) {
+      end_comm_ = MPI_COMM_NULL;
     }
   }
 
@@ -181,6 +328,17 @@ class mpi_environment {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized != 0) return;
+    if (end_comm_ != MPI_COMM_NULL) {
+      if (std::uncaught_exceptions() == 0) {
+        std::string mismatch;
+        try {
+          mismatch = detail::end_of_run_mismatch(end_comm_);
+        } catch (...) {  // out of memory: no check
+        }
+        if (!mismatch.empty()) report_and_abort(mismatch, 1);
+      }
+      MPI_Comm_free(&end_comm_);
+    }
     if (owns_abort_comm_) MPI_Comm_free(&detail::abort_comm());
     if (owns_) MPI_Finalize();
   }
@@ -193,6 +351,7 @@ class mpi_environment {
  private:
   bool owns_ = false;
   bool owns_abort_comm_ = false;
+  MPI_Comm end_comm_ = MPI_COMM_NULL;  // the end of the run's schedule check
   int provided_ = MPI_THREAD_SINGLE;
 };
 

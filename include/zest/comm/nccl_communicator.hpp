@@ -55,6 +55,11 @@
 // is then waited for on the host under the same watchdog; on timeout the NCCL communicator
 // is aborted and every later call throws communicator_error.
 //
+// The schedule check (always on, as mpi_communicator's): every call on device memory enters a
+// running record (zest/comm/detail/schedule_log.hpp); check_schedule compares it across the
+// ranks through the MPI communicator on the same ranks, and zest::check_schedule(mesh) calls
+// it for every communicator of a mesh.
+//
 // Devices: the first communicator binds the process to GPU (local rank on its node) modulo
 // the device count (cuda::bind_device), before any NCCL call. The node-local rank comes from
 // the launcher's environment (MPICH, Open MPI, Slurm) or, failing that, from
@@ -95,7 +100,9 @@
 
 #include <mpi.h>
 
+#include "zest/comm/detail/schedule_log.hpp"
 #include "zest/comm/mpi_communicator.hpp"
+#include "zest/core/source_site.hpp"
 
 namespace zest {
 
@@ -426,6 +433,7 @@ class nccl_core {
       ++next_number_;
       if (!c.invalid.empty()) throw_invalid(c);
     }
+    record(c, next_number_ - 1);
     ZEST_CUDA_CHECK(cudaSetDevice(device_));
     cuda::event ready;
     ready.record(cuda::compute_stream());
@@ -556,7 +564,33 @@ class nccl_core {
       ++next_number_;
       if (!c.invalid.empty()) throw_invalid(c);
     }
+    record(c, next_number_ - 1);
   }
+
+  // The always-on schedule check (as mpi_communicator's, zest/comm/detail/schedule_log.hpp):
+  // the ranks compare the record of this communicator's calls through the MPI communicator
+  // on the same ranks; on a difference every rank throws collective_mismatch naming the first
+  // call that differs on each. Host-memory calls go through that MPI communicator, which is
+  // in checked mode: they are compared before they are made.
+  void check_schedule(std::string_view where, const source_site& caller) {
+    if (size_ < 2 || mpi_ == nullptr) return;
+    const source_site at = user_call::or_else(caller);
+    const std::string what =
+        where.empty() ? std::string("check_schedule") : message("check_schedule at ", where);
+    const std::array<std::uint64_t, 2> mine{schedule_.hash(), schedule_.calls()};
+    const std::vector<std::uint64_t> all = mpi_->exchange_words(mine, what, at);
+    bool same = true;
+    for (std::size_t r = 1; r < size_ && same; ++r) {
+      same = all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+    }
+    if (same) return;
+    const std::string detail =
+        schedule_.first_difference(size_, all, [&](const std::vector<std::uint64_t>& words) {
+          return mpi_->exchange_words(words, what, at);
+        });
+    throw collective_mismatch(schedule_mismatch_message(name_, where, at, detail));
+  }
+  const schedule_log& schedule() const { return schedule_; }
 
  private:
   // ---- checked mode ------------------------------------------------------------------------
@@ -882,7 +916,22 @@ class nccl_core {
   comm_stats stats_;
   std::uint64_t next_number_ = 0;
   std::optional<bool> checked_override_;
+  schedule_log schedule_;
   std::string broken_;
+
+  // Call `number` into the schedule's record, named at the user's line of the public call.
+  void record(const nccl_call& c, std::uint64_t number) {
+    schedule_log::call_fields f;
+    f.kind = c.barrier ? barrier_kind : static_cast<std::uint64_t>(c.kind);
+    f.type = c.barrier ? 0 : static_cast<std::uint64_t>(c.type);
+    f.op_or_root = c.kind == collective::broadcast ? static_cast<std::uint64_t>(c.root)
+                                                   : static_cast<std::uint64_t>(c.reduction);
+    f.elements = c.elements;
+    f.counts_key = c.counts_key;
+    f.invalid = !c.invalid.empty();
+    f.where = user_call::or_else(source_site{});
+    schedule_.record(f, number);
+  }
 };
 
 // Whether p is memory the GPU can address directly (device or managed); null counts as device.
@@ -1008,6 +1057,15 @@ class nccl_communicator {
   // ends early after an error of its own: NCCL may need every rank of a communicator to
   // abort before an abort returns. Collectives already queued are not waited for.
   void abort() { core_->abort("aborted by nccl_communicator::abort()"); }
+
+  // The always-on schedule check (mpi_communicator::check_schedule says what it compares).
+  void check_schedule(std::string_view where = {}, source_site at = source_site::current()) {
+    core_->check_schedule(where, at);
+  }
+  // This rank's record of the collectives on device memory issued so far.
+  schedule_fingerprint schedule() const {
+    return {core_->schedule().hash(), core_->schedule().calls()};
+  }
 
   // Every rank arrives; this rank's queued GPU work (compute and this communicator's) is done.
   void barrier() {

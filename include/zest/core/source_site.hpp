@@ -45,4 +45,42 @@ using source_site = std::source_location;
 using source_site = detail::builtin_source_site;
 #endif
 
+// The user's line of the outermost public zest call this thread is in. A public function
+// that issues collectives (einsum, redistribute, to_global, a layer's forward, backward,
+// an optimizer step, ...) takes `source_site at = source_site::current()` and opens a
+// `user_call` with it; the communicators name that line in their messages (schedule check,
+// watchdog, checked mode) rather than the zest header that made the call. Scopes nest: the
+// outermost wins, so a layer's einsums are reported at the line that called the layer. A
+// user's own layer built from zest calls gets its own lines, which are the user's too.
+class user_call {
+ public:
+  explicit user_call(const source_site& at) noexcept : at_(at) {
+    if (outermost() == nullptr) {
+      outermost() = &at_;
+      owner_ = true;
+    }
+  }
+  user_call(const user_call&) = delete;
+  user_call& operator=(const user_call&) = delete;
+  ~user_call() {
+    if (owner_) outermost() = nullptr;
+  }
+
+  // The outermost open call's site, or null outside every public call.
+  static const source_site* current() noexcept { return outermost(); }
+  // That site, or `fallback` (the communicator's own caller) outside every public call.
+  static source_site or_else(const source_site& fallback) noexcept {
+    const source_site* at = outermost();
+    return at != nullptr ? *at : fallback;
+  }
+
+ private:
+  static const source_site*& outermost() noexcept {
+    thread_local const source_site* site = nullptr;
+    return site;
+  }
+  source_site at_;
+  bool owner_ = false;
+};
+
 }  // namespace zest

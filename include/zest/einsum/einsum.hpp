@@ -23,6 +23,7 @@
 #include "zest/comm/checked.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/einsum/plan.hpp"
 #include "zest/einsum/policy.hpp"
 #include "zest/einsum/spec.hpp"
@@ -321,12 +322,15 @@ std::array<std::size_t, parsed_spec<Spec>.output.size> checked_output_extents(co
 template <fixed_string Spec, class O1, class O2, class... X>
 inline constexpr einsum_plan einsum_plan_of = detail::einsum_traits<Spec, O1, O2, X...>::plan;
 
-template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor... X>
-auto einsum(const X&... xs) {
+namespace detail {
+// einsum<Spec, O1, O2>(xs...) called at `at` (the user's line, for the communicators' messages).
+template <fixed_string Spec, class O1, class O2, sharded_tensor... X>
+auto einsum_at(const source_site& at, const X&... xs) {
   static_assert(sizeof...(X) > 0, "zest einsum: pass at least one tensor");
-  if constexpr (!detail::einsum_valid<Spec, O1, O2, X...>()) {
+  if constexpr (!einsum_valid<Spec, O1, O2, X...>()) {
     return 0;  // the diagnostic above is the error; nothing useful to return
   } else {
+    const user_call user(at);
     using traits = detail::einsum_traits<Spec, O1, O2, X...>;
     using value_type = typename traits::value_type;
     using contraction_t = typename traits::contraction_type;
@@ -358,6 +362,22 @@ auto einsum(const X&... xs) {
     }
     (std::index_sequence_for<X...>{});
   }
+}
+}  // namespace detail
+
+// einsum<Spec, Options...>(a) and (a, b): the user's line is where the call was written.
+template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A>
+auto einsum(const A& a, source_site at = source_site::current()) {
+  return detail::einsum_at<Spec, O1, O2>(at, a);
+}
+template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A, sharded_tensor B>
+auto einsum(const A& a, const B& b, source_site at = source_site::current()) {
+  return detail::einsum_at<Spec, O1, O2>(at, a, b);
+}
+// Any other number of operands: einsum_at's checks name what is wrong.
+template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor... X>
+requires(sizeof...(X) != 1 && sizeof...(X) != 2) auto einsum(const X&... xs) {
+  return detail::einsum_at<Spec, O1, O2>(source_site::current(), xs...);
 }
 
 }  // namespace zest

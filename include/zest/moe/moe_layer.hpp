@@ -66,6 +66,7 @@
 #include "zest/autodiff/tape.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/moe/dispatch.hpp"
 #include "zest/moe/dropless.hpp"
@@ -192,11 +193,15 @@ class moe_layer {
   // x "btm" (any three dims: batch, time, model) -> the same type. The routing's random
   // draws use options().seed; the second overload sets it for this call (vary it per step).
   template <sharded_tensor X>
-  autodiff::variable<X> operator()(const autodiff::variable<X>& x) const {
+  autodiff::variable<X> operator()(const autodiff::variable<X>& x,
+                                   source_site at = source_site::current()) const {
+    const user_call user(at);
     return forward(x, options_);
   }
   template <sharded_tensor X>
-  autodiff::variable<X> operator()(const autodiff::variable<X>& x, std::uint64_t seed) const {
+  autodiff::variable<X> operator()(const autodiff::variable<X>& x, std::uint64_t seed,
+                                   source_site at = source_site::current()) const {
+    const user_call user(at);
     gating_options o = options_;
     o.seed = seed;
     return forward(x, o);

@@ -25,6 +25,7 @@
 #include "zest/autodiff/checkpoint.hpp"
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/relabel.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/nn/linear.hpp"
 #include "zest/nn/tensor_parallel.hpp"
 #include "zest/zero/parameter.hpp"
@@ -47,7 +48,8 @@ class causal_self_attention {
 
   // x "btm"; the result has x's layout.
   template <sharded_tensor X>
-  auto operator()(const autodiff::variable<X>& x) const {
+  auto operator()(const autodiff::variable<X>& x, source_site at = source_site::current()) const {
+    const user_call user(at);
     using T = typename X::value_type;
     const auto whole = whole_on_tp<P>(x);
     // Ulysses (a mesh with "sp"): from the sequence split to a heads split, and back.

@@ -16,6 +16,7 @@
 
 #include "zest/autodiff/checkpoint.hpp"
 #include "zest/autodiff/ops.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/moe/moe_layer.hpp"
 #include "zest/nn/attention.hpp"
 #include "zest/nn/layer_norm.hpp"
@@ -71,7 +72,9 @@ class transformer_block {
   // `seed` varies per step and block: dropout masks are functions of it.
   template <sharded_tensor X>
   autodiff::variable<X> operator()(autodiff::tape& t, const autodiff::variable<X>& x,
-                                   std::uint64_t seed) const {
+                                   std::uint64_t seed,
+                                   source_site at = source_site::current()) const {
+    const user_call user(at);
     auto in_scope = engine_->use(t, group_);
     // Under recomputation::full the body is recomputed in backward, after the group's gather.
     auto body = [this, seed](const autodiff::variable<X>& x) {

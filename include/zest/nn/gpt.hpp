@@ -28,6 +28,7 @@
 #include "zest/autodiff/tape.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/random.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/nn/block.hpp"
 #include "zest/nn/embedding.hpp"
 #include "zest/nn/layer_norm.hpp"
@@ -149,7 +150,9 @@ class gpt {
 
   // Logits "btv" for token ids "bt" (t <= context).
   template <sharded_tensor Ids>
-  auto logits(autodiff::tape& t, const Ids& ids, std::uint64_t seed = 0) const {
+  auto logits(autodiff::tape& t, const Ids& ids, std::uint64_t seed = 0,
+              source_site at = source_site::current()) const {
+    const user_call user(at);
     const std::size_t time = ids.extent('t');
     if (time == 0 || time > options_.context) {
       throw shape_error(detail::message("zest gpt: sequence length ", time,
@@ -177,8 +180,9 @@ class gpt {
   // Mean cross-entropy of predicting `targets` from `inputs` (plus the weighted auxiliary
   // losses of the expert layers): a scalar, partial over the axes that split the batch.
   template <sharded_tensor Ids, sharded_tensor Targets>
-  auto loss(autodiff::tape& t, const Ids& inputs, const Targets& targets,
-            std::uint64_t seed = 0) const {
+  auto loss(autodiff::tape& t, const Ids& inputs, const Targets& targets, std::uint64_t seed = 0,
+            source_site at = source_site::current()) const {
+    const user_call user(at);
     auto nll = autodiff::cross_entropy<'v'>(logits(t, inputs, seed), targets);
     if constexpr (P::has_expert_axis) {
       // In the expert layers' scalar layout, pending on every axis (where the loss is

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "zest/autodiff/ops.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/zero/parameter.hpp"
 
 namespace zest {
@@ -26,7 +27,8 @@ class layer_norm_layer {
         eps_(eps) {}
 
   template <sharded_tensor X>
-  auto operator()(const autodiff::variable<X>& x) const {
+  auto operator()(const autodiff::variable<X>& x, source_site at = source_site::current()) const {
+    const user_call user(at);
     return autodiff::layer_norm<D>(x, gain_.value(), bias_.value(), eps_);
   }
 

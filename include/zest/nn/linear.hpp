@@ -21,6 +21,7 @@
 #include "zest/autodiff/ops.hpp"
 #include "zest/autodiff/tape.hpp"
 #include "zest/core/fixed_string.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/nn/tensor_parallel.hpp"
 #include "zest/zero/parameter.hpp"
 
@@ -45,8 +46,8 @@ class linear {
   }
 
   template <sharded_tensor X>
-  auto operator()(const autodiff::variable<X>& x) const {
-    return into<void>(x);
+  auto operator()(const autodiff::variable<X>& x, source_site at = source_site::current()) const {
+    return into<void>(x, at);
   }
 
   // The product, computed where the operands are, then brought to layout Out before the bias
@@ -56,7 +57,8 @@ class linear {
   // layout instead would let its planner gather the operands over tp, fewer bytes than the
   // reduction but every tp rank computing the whole product.)
   template <class Out, sharded_tensor X>
-  auto into(const autodiff::variable<X>& x) const {
+  auto into(const autodiff::variable<X>& x, source_site at = source_site::current()) const {
+    const user_call user(at);
     auto y = [&] {
       if constexpr (std::is_void_v<Out>) {
         return autodiff::einsum<Spec>(x, weight_.value());

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "zest/autodiff/ops.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/nn/linear.hpp"
 #include "zest/nn/tensor_parallel.hpp"
 
@@ -22,7 +23,8 @@ class mlp {
 
   // x "btm"; the result has x's layout.
   template <sharded_tensor X>
-  auto operator()(const autodiff::variable<X>& x) const {
+  auto operator()(const autodiff::variable<X>& x, source_site at = source_site::current()) const {
+    const user_call user(at);
     const auto whole = whole_on_tp<P>(x);
     return proj_.template into<layout_like<X>>(autodiff::gelu(fc_(whole)));
   }

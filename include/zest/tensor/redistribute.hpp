@@ -30,6 +30,7 @@
 #include "zest/comm/checked.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/memory.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/layout/fixed_order_plan.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/plan_cache.hpp"
@@ -120,8 +121,9 @@ auto redistribute_to(X&& t) {
 
 // redistribute<layout<...>>(t): the public spelling, with the layout written as users write it.
 template <class Layout, sharded_tensor X>
-auto redistribute(X&& t) {
+auto redistribute(X&& t, source_site at = source_site::current()) {
   using x_t = std::remove_cvref_t<X>;
+  const user_call user(at);
   return redistribute_to<layout_value_of<typename x_t::mesh_type, x_t::dims, Layout>>(
       std::forward<X>(t));
 }
@@ -337,8 +339,10 @@ transition_plan redistribute_plan_for(const X& x) {
 
 // The whole global tensor on every rank, partial sums added: for checks and small outputs.
 template <sharded_tensor X>
-std::vector<typename std::remove_cvref_t<X>::value_type> to_global(const X& t) {
+std::vector<typename std::remove_cvref_t<X>::value_type> to_global(
+    const X& t, source_site at = source_site::current()) {
   using x_t = std::remove_cvref_t<X>;
+  const user_call user(at);
   const auto full =
       redistribute_to<replicated_layout(x_t::mesh_type::axis_count)>(t).local_to_host();
   return std::vector<typename x_t::value_type>(full.begin(), full.end());

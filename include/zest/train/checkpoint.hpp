@@ -24,6 +24,7 @@
 
 #include "zest/core/error.hpp"
 #include "zest/core/json.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/io/checkpoint.hpp"
 #include "zest/zero/engine.hpp"
 
@@ -50,7 +51,9 @@ struct resume_options {
 // compare on load; `corpus` (text_dataset::identity()) as metadata["corpus"].
 template <class P>
 void save_training_state(const std::filesystem::path& dir, zero_engine<P>& engine,
-                         std::int64_t step, json::value config = {}, std::string corpus = {}) {
+                         std::int64_t step, json::value config = {}, std::string corpus = {},
+                         source_site at = source_site::current()) {
+  const user_call user(at);
   json::value meta = json::object{};
   meta["config"] = std::move(config);
   if (!corpus.empty()) meta["corpus"] = std::move(corpus);
@@ -75,7 +78,9 @@ void save_training_state(const std::filesystem::path& dir, zero_engine<P>& engin
 // is read; on any failure every rank throws checkpoint_error and nothing changes.
 template <class P>
 io::checkpoint_info load_training_state(const std::filesystem::path& dir, zero_engine<P>& engine,
-                                        const resume_options& options = {}) {
+                                        const resume_options& options = {},
+                                        source_site at = source_site::current()) {
+  const user_call user(at);
   constexpr std::string_view op = "load_training_state";
   const auto records = training_state_records(engine);
   std::int64_t steps = engine.steps_taken();

@@ -17,6 +17,7 @@
 #include "zest/backend/backend.hpp"
 #include "zest/comm/communicator.hpp"
 #include "zest/core/memory.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/zero/engine.hpp"
 
 namespace zest {
@@ -39,7 +40,9 @@ struct train_step_result {
 
 template <class P, class Model, sharded_tensor Ids, sharded_tensor Targets>
 train_step_result train_step(zero_engine<P>& engine, const Model& model, const Ids& inputs,
-                             const Targets& targets, double lr, std::uint64_t seed = 0) {
+                             const Targets& targets, double lr, std::uint64_t seed = 0,
+                             source_site at = source_site::current()) {
+  const user_call user(at);  // the step's collectives name the caller's line
   const auto& mesh = engine.mesh();
   const comm_stats axes_before = mesh.stats();
   const comm_stats world_before = mesh.world().stats();

@@ -270,7 +270,8 @@ class zero_engine {
   // Runs backward from the loss (scaled under float16) and completes the gradient
   // collectives.
   template <sharded_tensor L>
-  void backward(const autodiff::variable<L>& loss) {
+  void backward(const autodiff::variable<L>& loss, source_site at = source_site::current()) {
+    const user_call user(at);
     if constexpr (P::loss_scaling) {
       autodiff::backward(
           autodiff::scale(loss, static_cast<typename L::value_type>(scaler_.scale())));
@@ -313,6 +314,7 @@ class zero_engine {
   // communicator): a rank that issued other collectives than the others in this step, or
   // before it, ends the step with collective_mismatch on every rank.
   step_report step(double lr, source_site at = source_site::current()) {
+    const user_call user(at);
     const step_report r = update(lr);
     check_schedule(*mesh_, detail::message("zero_engine::step, after ", steps_, " optimizer steps"),
                    at);

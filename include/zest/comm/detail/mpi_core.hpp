@@ -34,6 +34,7 @@
 #include "zest/comm/detail/mpi_comms.hpp"
 #include "zest/comm/detail/mpi_fingerprint.hpp"
 #include "zest/comm/detail/schedule_log.hpp"
+#include "zest/comm/detail/schedule_registry.hpp"
 #include "zest/comm/mpi_environment.hpp"
 #include "zest/core/backoff.hpp"
 #include "zest/core/dtype.hpp"
@@ -76,12 +77,15 @@ class mpi_core {
     data_ = dups[0];
     check_ = dups[1];
     report_ = dups[2];
+    registered_ =
+        schedule_registry::instance().add(name_, world_ranks_, rank, &schedule_, &broken_);
   }
 
   mpi_core(const mpi_core&) = delete;
   mpi_core& operator=(const mpi_core&) = delete;
 
   ~mpi_core() {
+    schedule_registry::instance().close(registered_);  // for the end of the run's check
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized != 0) return;  // MPI already released everything
@@ -110,8 +114,9 @@ class mpi_core {
           flag == 0) {
         return;
       }
-      std::uint64_t at = 0;
-      MPI_Recv(&at, 1, MPI_UINT64_T, status.MPI_SOURCE, report_tag, report_, MPI_STATUS_IGNORE);
+      std::vector<std::uint64_t> report(schedule_log::report_words);
+      MPI_Recv(report.data(), static_cast<int>(report.size()), MPI_UINT64_T, status.MPI_SOURCE,
+               report_tag, report_, MPI_STATUS_IGNORE);
     }
   }
 
@@ -124,8 +129,9 @@ class mpi_core {
   // names the point ("optimizer step 12"), `at` the caller. On a difference throws
   // collective_mismatch on every rank, naming the first call that differs on each rank; a
   // rank that does not come throws collective_timeout after the watchdog's deadline.
-  void check_schedule(std::string_view where, const source_site& at) {
+  void check_schedule(std::string_view where, const source_site& caller) {
     if (size_ < 2) return;
+    const source_site at = user_call::or_else(caller);
     mpi_call call;
     call.kind = barrier_kind;
     call.where = at;
@@ -153,7 +159,7 @@ class mpi_core {
     }
     mpi_call call;
     call.kind = barrier_kind;
-    call.where = at;
+    call.where = user_call::or_else(at);
     ensure_usable(call);
     settle_all();
     exchange(mine.data(), mine.size(), all, call, what);
@@ -297,26 +303,32 @@ class mpi_core {
                    : " (moving the data: all ranks agreed on the call, but it did not finish)");
   }
 
-  // After a timeout in call #number: "; ranks 0,2 wait in this call too; no word from rank 1
-  // (...)". Reports are small eager sends on report_ that nobody waits for.
+  // After a timeout in call #number (or in a check, number | outside_calls): "; ranks 0,2
+  // wait in this call too; no word from rank 1
+  // (...)", and the first call in which this rank's record differs from a reporting rank's.
+  // Reports (schedule_log::report: the call a rank waits in, then its last calls) are eager
+  // sends on report_ that nobody waits for.
   std::string who_else(std::uint64_t number) const {
     if (size_ < 2) return "";
-    auto* mine = new std::uint64_t(number);  // NOLINT: MPI may read it at any time: kept forever
+    constexpr std::size_t words = schedule_log::report_words;
+    // MPI may read it at any time: kept forever.
+    auto* mine = new std::vector<std::uint64_t>(schedule_.report(number));  // NOLINT
     for (std::size_t r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       MPI_Request sent = MPI_REQUEST_NULL;
-      if (MPI_Isend(mine, 1, MPI_UINT64_T, static_cast<int>(r), report_tag, report_, &sent) ==
-          MPI_SUCCESS) {
+      if (MPI_Isend(mine->data(), static_cast<int>(words), MPI_UINT64_T, static_cast<int>(r),
+                    report_tag, report_, &sent) == MPI_SUCCESS) {
         MPI_Request_free(&sent);
       }
     }
-    std::vector<std::optional<std::uint64_t>> heard(size_);
+    std::vector<std::vector<std::uint64_t>> heard(size_);
+    heard[rank_] = *mine;
     const auto listen = std::clamp<std::chrono::milliseconds>(
         checked_mode().watchdog / 10, std::chrono::milliseconds(20), std::chrono::seconds(1));
     const auto until = watchdog_clock::now() + listen;
     const auto all_here = [&] {
       for (std::size_t r = 0; r < size_; ++r) {
-        if (r != rank_ && heard[r] != number) return false;
+        if (r != rank_ && (heard[r].empty() || heard[r][0] != number)) return false;
       }
       return true;
     };
@@ -328,23 +340,27 @@ class mpi_core {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         continue;
       }
-      std::uint64_t at = 0;
-      if (MPI_Recv(&at, 1, MPI_UINT64_T, status.MPI_SOURCE, report_tag, report_,
-                   MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      std::vector<std::uint64_t> report(words);
+      if (MPI_Recv(report.data(), static_cast<int>(words), MPI_UINT64_T, status.MPI_SOURCE,
+                   report_tag, report_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         break;
       }
-      heard[static_cast<std::size_t>(status.MPI_SOURCE)] = at;  // the latest report wins
+      heard[static_cast<std::size_t>(status.MPI_SOURCE)] = std::move(report);  // the latest wins
     }
     std::vector<int> here, silent;
     std::ostringstream elsewhere;
     for (std::size_t r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      if (!heard[r]) {
+      if (heard[r].empty()) {
         silent.push_back(static_cast<int>(r));
-      } else if (*heard[r] == number) {
+      } else if (heard[r][0] == number) {
         here.push_back(static_cast<int>(r));
+      } else if ((heard[r][0] & outside_calls) != 0) {
+        elsewhere << "; rank " << r << " waits in a check of the axis (check_schedule or an "
+                  << "agreement) after its " << heard[r][1]
+                  << (heard[r][1] == 1 ? " call" : " calls");
       } else {
-        elsewhere << "; rank " << r << " waits in call #" << *heard[r] << " instead";
+        elsewhere << "; rank " << r << " waits in call #" << heard[r][0] << " instead";
       }
     }
     std::ostringstream out;
@@ -355,6 +371,7 @@ class mpi_core {
           << listen.count()
           << " ms (they skipped this call, are still busy before it, or have stopped)";
     }
+    out << schedule_log::first_unmatched(rank_, heard);
     return out.str();
   }
 
@@ -677,6 +694,7 @@ class mpi_core {
                 " s (some rank of the axis has not reached it: it "
                 "is blocked in a collective the others did not issue, or has stopped); called at ",
                 site_of(call.where), "; the axis spans world ranks ", rank_list(world_ranks_),
+                who_else(schedule_.calls() | outside_calls),
                 ". ZEST_WATCHDOG_MS sets the deadline (now ", limit.count(), " ms; 0: none)"));
   }
 
@@ -684,79 +702,17 @@ class mpi_core {
   // from here: one verdict), and the message names the first call that differs.
   [[noreturn]] void throw_schedule_mismatch(std::string_view where, const source_site& at,
                                             const std::vector<std::uint64_t>& totals) {
-    constexpr std::size_t text_words = 32, entry_words = 3 + text_words;
-    constexpr std::size_t ring = schedule_log::ring_size;
-    std::vector<std::uint64_t> mine(ring * entry_words, 0);
-    const std::uint64_t calls = schedule_.calls();
-    const std::uint64_t first = calls > ring ? calls - ring : 0;
-    for (std::uint64_t n = first; n < calls; ++n) {
-      const schedule_entry* e = schedule_.find(n);
-      if (e == nullptr) continue;
-      std::uint64_t* w = &mine[(n - first) * entry_words];
-      w[0] = 1;
-      w[1] = n;
-      w[2] = e->hash;
-      const std::string text = schedule_log::describe(*e);
-      std::memcpy(&w[3], text.data(), std::min(text.size(), text_words * 8 - 1));
-    }
-    std::vector<std::uint64_t> all(size_ * ring * entry_words);
     mpi_call call;
     call.kind = barrier_kind;
     call.where = at;
-    exchange(mine.data(), mine.size(), all, call, schedule_check_name(where));
-
-    // Each rank's call number n: its text, or why it has none.
-    const auto entry_of = [&](std::size_t r, std::uint64_t n) -> const std::uint64_t* {
-      const std::uint64_t count = totals[2 * r + 1];
-      const std::uint64_t lo = count > ring ? count - ring : 0;
-      if (n < lo || n >= count) return nullptr;
-      const std::uint64_t* w = &all[(r * ring + (n - lo)) * entry_words];
-      return w[0] == 1 && w[1] == n ? w : nullptr;
-    };
-    std::uint64_t start = 0, end = 0;
-    for (std::size_t r = 0; r < size_; ++r) {
-      const std::uint64_t count = totals[2 * r + 1];
-      start = std::max(start, count > ring ? count - ring : 0);
-      end = std::max(end, count);
-    }
-    std::uint64_t differs = end;
-    for (std::uint64_t n = start; n < end && differs == end; ++n) {
-      const std::uint64_t* first_rank = entry_of(0, n);
-      for (std::size_t r = 1; r < size_; ++r) {
-        const std::uint64_t* e = entry_of(r, n);
-        if ((e == nullptr) != (first_rank == nullptr) || (e != nullptr && e[2] != first_rank[2])) {
-          differs = n;
-          break;
-        }
-      }
-    }
-    std::string detail;
-    if (differs == end) {
-      detail = message("the last ", ring,
-                       " calls of every rank agree, so the first difference "
-                       "is before call #",
-                       start, " (each rank remembers its last ", ring, ")");
-    } else {
-      detail = message("the first that differs is call #", differs, ": ",
-                       per_rank(
-                           size_,
-                           [&](std::size_t r) -> std::string {
-                             if (const std::uint64_t* e = entry_of(r, differs)) {
-                               const auto* chars = reinterpret_cast<const char*>(&e[3]);
-                               return std::string(chars, strnlen(chars, text_words * 8));
-                             }
-                             return message("no call #", differs, " (", totals[2 * r + 1],
-                                            " calls in all)");
-                           },
-                           false));
-    }
-    throw collective_mismatch(message(
-        "zest: collective mismatch on axis '", name_, "' found by check_schedule",
-        where.empty() ? "" : " at ", where, " (called at ", site_of(at),
-        "): the ranks of the axis did not issue the same collectives; ", detail,
-        ". Every rank of an axis must issue the same collectives in the same order: a "
-        "collective after a branch that depends on the rank or on the data is the usual cause "
-        "(set ZEST_CHECKED=1 to stop at the first such call, naming both call sites)"));
+    const std::string detail =
+        schedule_.first_difference(size_, totals, [&](const std::vector<std::uint64_t>& mine) {
+          std::vector<std::uint64_t> all(size_ * mine.size());
+          exchange(mine.data(), mine.size(), all, call, schedule_check_name(where));
+          return all;
+        });
+    schedule_registry::instance().exclude(registered_);  // reported: not again at the end
+    throw collective_mismatch(schedule_mismatch_message(name_, where, at, detail));
   }
 
   bool wait_until(MPI_Request& pending, bool block, watchdog_clock::time_point deadline,
@@ -776,6 +732,9 @@ class mpi_core {
   MPI_Comm check_ = MPI_COMM_NULL;
   MPI_Comm report_ = MPI_COMM_NULL;  // where a timed-out rank says which call it is stuck in
   static constexpr int report_tag = 0x7a;
+  // In a report, the flag of a rank that waits in a check (check_schedule, exchange_words)
+  // rather than in a call: the word then holds its call count.
+  static constexpr std::uint64_t outside_calls = std::uint64_t{1} << 63U;
   std::vector<int> world_ranks_;  // world rank of each rank of this communicator
   std::string name_;
   std::uint64_t name_hash_ = 0;
@@ -787,7 +746,8 @@ class mpi_core {
   schedule_log schedule_;
   std::deque<std::shared_ptr<checked_op>> undecided_;  // checked calls in order, exchange pending
   std::vector<std::shared_ptr<checked_op>> stranded_;  // abandoned with data in flight
-  std::string broken_;  // why the communicator is unusable; empty while it is fine
+  std::string broken_;          // why the communicator is unusable; empty while it is fine
+  std::size_t registered_ = 0;  // its index in schedule_registry
 };
 
 }  // namespace detail

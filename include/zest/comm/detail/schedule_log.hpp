@@ -12,17 +12,20 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zest/comm/checked.hpp"
 #include "zest/comm/communicator.hpp"
 #include "zest/comm/detail/mpi_call.hpp"
 #include "zest/comm/detail/mpi_fingerprint.hpp"
+#include "zest/comm/detail/rank_list.hpp"
 #include "zest/core/dtype.hpp"
 #include "zest/core/source_site.hpp"
 
@@ -42,18 +45,38 @@ class schedule_log {
  public:
   static constexpr std::size_t ring_size = 32;
 
-  // Records call `number`: a hash update and a copy of a few fields.
+  // What a call is, as the ranks must agree on it.
+  struct call_fields {
+    std::uint64_t kind = 0, type = 0, op_or_root = 0, elements = 0, counts_key = 0;
+    bool invalid = false;
+    source_site where{};
+  };
+
+  // Records call `number` of an MPI communicator.
   void record(const mpi_call& c, std::uint64_t number) {
+    call_fields f;
+    f.kind = c.kind;
+    f.type = c.kind == barrier_kind ? 0 : static_cast<std::uint64_t>(c.type);
+    f.op_or_root = c.kind == static_cast<std::uint64_t>(collective::broadcast)
+                       ? static_cast<std::uint64_t>(c.root)
+                       : static_cast<std::uint64_t>(c.reduction);
+    f.elements = c.elements;
+    f.counts_key = c.counts_key;
+    f.invalid = !c.invalid.empty();
+    f.where = c.where;
+    record(f, number);
+  }
+
+  // Records call `number`: a hash update and a copy of a few fields.
+  void record(const call_fields& c, std::uint64_t number) {
     schedule_entry& e = ring_[number % ring_size];
     e.number = number;
     e.kind = c.kind;
-    e.type = c.kind == barrier_kind ? 0 : static_cast<std::uint64_t>(c.type);
-    e.op_or_root = c.kind == static_cast<std::uint64_t>(collective::broadcast)
-                       ? static_cast<std::uint64_t>(c.root)
-                       : static_cast<std::uint64_t>(c.reduction);
+    e.type = c.type;
+    e.op_or_root = c.op_or_root;
     e.elements = c.elements;
     e.counts_key = c.counts_key;
-    e.invalid = !c.invalid.empty();
+    e.invalid = c.invalid;
     e.where = c.where;
     e.context[0] = '\0';
     if (const collective_context* context = collective_context::current()) {
@@ -82,7 +105,148 @@ class schedule_log {
     return e.number == number ? &e : nullptr;
   }
 
+  // The first call whose record differs between the ranks, as a message's detail, once
+  // their totals (hash and call count, rank-major pairs) differ: every rank sends the calls it
+  // remembers through `exchange` (every rank's words, rank-major), so every rank reaches the
+  // same verdict.
+  template <class Exchange>
+  std::string first_difference(std::size_t size, const std::vector<std::uint64_t>& totals,
+                               Exchange exchange) const {
+    constexpr std::size_t text_words = 32, entry_words = 3 + text_words;
+    constexpr std::size_t ring = ring_size;
+    std::vector<std::uint64_t> mine(ring * entry_words, 0);
+    const std::uint64_t first = calls_ > ring ? calls_ - ring : 0;
+    for (std::uint64_t n = first; n < calls_; ++n) {
+      const schedule_entry* e = find(n);
+      if (e == nullptr) continue;
+      std::uint64_t* w = &mine[(n - first) * entry_words];
+      w[0] = 1;
+      w[1] = n;
+      w[2] = e->hash;
+      const std::string text = describe(*e);
+      std::memcpy(&w[3], text.data(), std::min(text.size(), text_words * 8 - 1));
+    }
+    const std::vector<std::uint64_t> all = exchange(mine);
+
+    // Each rank's call number n: its words, or null when it has none.
+    const auto entry_of = [&](std::size_t r, std::uint64_t n) -> const std::uint64_t* {
+      const std::uint64_t count = totals[2 * r + 1];
+      const std::uint64_t lo = count > ring ? count - ring : 0;
+      if (n < lo || n >= count) return nullptr;
+      const std::uint64_t* w = &all[(r * ring + (n - lo)) * entry_words];
+      return w[0] == 1 && w[1] == n ? w : nullptr;
+    };
+    std::uint64_t start = 0, end = 0;
+    for (std::size_t r = 0; r < size; ++r) {
+      const std::uint64_t count = totals[2 * r + 1];
+      start = std::max(start, count > ring ? count - ring : 0);
+      end = std::max(end, count);
+    }
+    std::uint64_t differs = end;
+    for (std::uint64_t n = start; n < end && differs == end; ++n) {
+      const std::uint64_t* first_rank = entry_of(0, n);
+      for (std::size_t r = 1; r < size; ++r) {
+        const std::uint64_t* e = entry_of(r, n);
+        if ((e == nullptr) != (first_rank == nullptr) || (e != nullptr && e[2] != first_rank[2])) {
+          differs = n;
+          break;
+        }
+      }
+    }
+    if (differs == end) {
+      return message("the last ", ring,
+                     " calls of every rank agree, so the first difference is before call #", start,
+                     " (each rank remembers its last ", ring, ")");
+    }
+    return message("the first that differs is call #", differs, ": ",
+                   per_rank(
+                       size,
+                       [&](std::size_t r) -> std::string {
+                         if (const std::uint64_t* e = entry_of(r, differs)) {
+                           const auto* chars = reinterpret_cast<const char*>(&e[3]);
+                           return std::string(chars, strnlen(chars, text_words * 8));
+                         }
+                         return message("no call #", differs, " (", totals[2 * r + 1],
+                                        " calls in all)");
+                       },
+                       false));
+  }
+
+  // ---- a timed-out rank's report (mpi_core::who_else) --------------------------------------
+
+  // [call it waits in, calls so far, then per remembered call: number, hash, hash of where it
+  // was made, its description], a fixed size.
+  static constexpr std::size_t report_text_words = 16, report_entry_words = 3 + report_text_words,
+                               report_words = 2 + ring_size * report_entry_words;
+  std::vector<std::uint64_t> report(std::uint64_t waiting_in) const {
+    std::vector<std::uint64_t> words(report_words, 0);
+    words[0] = waiting_in;
+    words[1] = calls_;
+    const std::uint64_t first = calls_ > ring_size ? calls_ - ring_size : 0;
+    for (std::uint64_t n = first; n < calls_; ++n) {
+      const schedule_entry* e = find(n);
+      if (e == nullptr) continue;
+      std::uint64_t* w = &words[2 + (n % ring_size) * report_entry_words];
+      w[0] = n + 1;  // 0: no entry
+      w[1] = e->hash;
+      w[2] = hash_name(site_text(*e));
+      const std::string text = describe(*e);
+      std::memcpy(&w[3], text.data(), std::min(text.size(), report_text_words * 8 - 1));
+    }
+    return words;
+  }
+
+  // The first call in which this rank's record and those the other ranks reported differ, in
+  // what was called (kind, type, size, ...) or, where the calls are alike, in where they were
+  // made: a rank that skipped a call pairs its next call with the others' skipped one, which
+  // MPI lets through when the sizes agree. "" when the remembered calls agree.
+  static std::string first_unmatched(std::size_t rank,
+                                     const std::vector<std::vector<std::uint64_t>>& reports) {
+    const auto entry = [&](std::size_t r, std::uint64_t n) -> const std::uint64_t* {
+      if (reports[r].size() != report_words) return nullptr;
+      const std::uint64_t* w = &reports[r][2 + (n % ring_size) * report_entry_words];
+      return w[0] == n + 1 ? w : nullptr;
+    };
+    const auto text = [&](const std::uint64_t* w) {
+      const auto* chars = reinterpret_cast<const char*>(&w[3]);
+      return std::string(chars, strnlen(chars, report_text_words * 8));
+    };
+    const std::vector<std::uint64_t>& mine = reports[rank];
+    std::uint64_t best = UINT64_MAX;
+    std::size_t other = rank;
+    bool alike = false;
+    for (std::size_t r = 0; r < reports.size(); ++r) {
+      if (r == rank || reports[r].size() != report_words) continue;
+      const std::uint64_t end = std::min(mine[1], reports[r][1]);
+      const std::uint64_t lo = end > ring_size ? end - ring_size : 0;
+      for (std::uint64_t n = lo; n < end && n < best; ++n) {
+        const std::uint64_t* a = entry(rank, n);
+        const std::uint64_t* b = entry(r, n);
+        if (a == nullptr || b == nullptr) continue;
+        if (a[1] != b[1] || a[2] != b[2]) {
+          best = n;
+          other = r;
+          alike = a[1] == b[1];
+          break;
+        }
+      }
+    }
+    if (other == rank) return "";
+    return message("; the first call that did not match is #", best, ": this rank's ",
+                   text(entry(rank, best)), ", rank ", other, "'s ", text(entry(other, best)),
+                   alike ? " (alike calls made from other lines: a rank that skipped a call "
+                           "pairs its next one with it when the sizes agree)"
+                         : "");
+  }
+
   // "all_gather<float>[512] #3 at nn/linear.hpp:40 in einsum" (the last two parts of the path)
+  // Where a call was made, as compared between ranks: "nn/linear.hpp:40 in einsum".
+  static std::string site_text(const schedule_entry& e) {
+    std::string out = e.where.line() != 0 ? site_of(e.where) : std::string();
+    if (e.context[0] != '\0') out.append(" in ").append(e.context.data());
+    return out;
+  }
+
   static std::string describe(const schedule_entry& e) {
     std::ostringstream out;
     out << call_name(e.kind);
@@ -108,5 +272,17 @@ class schedule_log {
   std::uint64_t calls_ = 0;
   std::array<schedule_entry, ring_size> ring_{};
 };
+
+// check_schedule's error, from first_difference's detail.
+inline std::string schedule_mismatch_message(std::string_view axis, std::string_view where,
+                                             const source_site& at, std::string_view detail) {
+  return message(
+      "zest: collective mismatch on axis '", axis, "' found by check_schedule",
+      where.empty() ? "" : " at ", where, " (called at ", site_of(at),
+      "): the ranks of the axis did not issue the same collectives; ", detail,
+      ". Every rank of an axis must issue the same collectives in the same order: a "
+      "collective after a branch that depends on the rank or on the data is the usual cause "
+      "(set ZEST_CHECKED=1 to stop at the first such call, naming both call sites)");
+}
 
 }  // namespace zest::detail
