@@ -53,7 +53,7 @@ def check(case, ranks, status, output, elapsed, watchdog_s):
         for r in range(ranks):
             pattern = (rf"\[rank {r} of {ranks}\] zest: collective mismatch on axis 'world' found "
                        rf"at the end of the run \(mpi_environment\): the ranks of the axis did "
-                       rf"not issue the same collectives since its last check_schedule: rank 0: "
+                       rf"not issue the same collectives since it was made or last checked: rank 0: "
                        rf"1 call, sequence A; ranks? 1(-{ranks - 1})?: 1 call, sequence B "
                        rf"\(as many calls, not the same ones\)")
             if not re.search(pattern, output):
@@ -63,9 +63,9 @@ def check(case, ranks, status, output, elapsed, watchdog_s):
         return problems
     if case == "skip":
         last = ranks - 1
-        blame = (r"the first call that did not match is #0: this rank's all_reduce<double>\[64\] #0 "
-                 r"at comm/fault_program\.cpp:(\d+), rank \d+'s all_reduce<double>\[64\] #0 at "
-                 r"comm/fault_program\.cpp:(\d+) \(alike calls made from other lines")
+        blame = (r"the first call made from other lines is #0: this rank's all_reduce<double>\[64\] "
+                 r"#0 at comm/fault_program\.cpp:(\d+), rank \d+'s all_reduce<double>\[64\] #0 at "
+                 r"comm/fault_program\.cpp:(\d+) \(alike calls: unless a branch")
         for r in range(ranks):
             if r < last:
                 head = (rf"\[rank {r} of {ranks}\] zest: collective timeout on axis 'world': "

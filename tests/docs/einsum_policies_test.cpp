@@ -2,15 +2,20 @@
 // explain, and the result layouts it states (static_assert with zest::layout_is).
 #include <doctest/doctest.h>
 
+#include <array>
 #include <string>
+#include <type_traits>
 
 #include "support/fixtures.hpp"
 #include "zest/einsum/einsum.hpp"
 #include "zest/einsum/policy.hpp"
 #include "zest/layout/layout_of.hpp"
 #include "zest/mesh/mesh.hpp"
+#include "zest/nn/linear.hpp"
+#include "zest/nn/tensor_parallel.hpp"
 #include "zest/plan/explain.hpp"
 #include "zest/tensor/tensor.hpp"
+#include "zest/zero/engine.hpp"
 
 namespace {
 using namespace zest;
@@ -71,6 +76,33 @@ TEST_CASE("einsum-policies.md: sequence-parallel activations and a row-parallel 
   CHECK(has(local, "total 0 B sent by this rank in 0 collectives"));
   static_assert(
       layout_is<decltype(einsum<"bsh,hm->bsm", no_communication<>>(h, v)), layout<partial<"tp">>>);
+}
+
+TEST_CASE("einsum-policies.md: a guarded layer, fed a sequence-parallel stream") {
+  REQUIRE(zest::testing::world_size() == 2);
+  using grid = mesh<"dp", "tp">;
+  using policy = training_policy<grid, zero_stage<0>, float>;
+  using on_tp = layout<split<'h', "tp">>;
+  const grid m(MPI_COMM_WORLD, {1, 2});
+  zero_engine<policy> engine(m, {.seed = 1});
+  const std::size_t group = engine.begin_group("fc");  // the weight and bias together
+  const linear<policy, "btm,mh->bth", "mh", "h", on_tp, on_tp, no_communication<>> fc(
+      engine, "fc", {64, 256}, {256});
+  engine.end_group();
+  autodiff::tape t;
+  const auto in_scope = engine.use(t, group);
+  using stream_t = tensor<float, grid, "btm", layout<split<'t', "tp">>>;
+  const auto x =
+      t.constant(stream_t::generate(m, {2, 8, 64}, [](const auto& i) { return float(i[2]); }));
+  const comm_stats before = m.axis(1).stats();
+  const auto whole = whole_on_tp<policy>(x);
+  const comm_stats gathered = m.axis(1).stats() - before;
+  const auto y = fc(whole);
+  const comm_stats all = m.axis(1).stats() - before;
+  CHECK(gathered.calls() == 1);            // the stream's all-gather over tp
+  CHECK(all.calls() == gathered.calls());  // the guarded product: none
+  static_assert(layout_is<std::remove_cvref_t<decltype(y.value())>, on_tp>);
+  CHECK(y.value().extents() == std::array<std::size_t, 3>{2, 8, 256});
 }
 
 }  // namespace

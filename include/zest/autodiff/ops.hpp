@@ -56,6 +56,7 @@
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/core/random.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/tensor/redistribute.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -709,7 +710,9 @@ double split_class_loss(const L& lv, const std::int32_t* targets, const shard_ro
 //
 //   logits "btv" split(b:dp) split(v:tp)  ->  scalar partial(dp), replicated on tp
 template <char V, sharded_tensor L, sharded_tensor Targets>
-auto cross_entropy(const variable<L>& logits, const Targets& targets) {
+auto cross_entropy(const variable<L>& logits, const Targets& targets,
+                   source_site at = source_site::current()) {
+  const user_call user(at);
   constexpr auto dims_match = [] {
     std::size_t j = 0;
     for (std::size_t i = 0; i < L::rank; ++i) {

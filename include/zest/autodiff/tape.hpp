@@ -410,7 +410,7 @@ inline constexpr fixed_string<1> no_dims{};
 template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A, sharded_tensor B>
 auto einsum(const variable<A>& a, const variable<B>& b, source_site at = source_site::current()) {
   using policy = typename zest::detail::einsum_options<O1, O2>::policy;
-  auto y = zest::einsum<Spec, O1, O2>(a.value(), b.value(), at);
+  auto y = zest::detail::einsum_at<Spec, O1, O2>(at, a.value(), b.value());
   auto out = detail::make_result(a.owner(), std::move(y), a.requires_grad() || b.requires_grad());
   if (out.requires_grad()) {
     a.owner().record([an = a.node(), bn = b.node(), on = out.node()] {
@@ -427,8 +427,8 @@ auto einsum(const variable<A>& a, const variable<B>& b, source_site at = source_
 template <fixed_string Spec, class O1 = void, class O2 = void, sharded_tensor A>
 auto einsum(const variable<A>& a, source_site at = source_site::current()) {
   using policy = typename zest::detail::einsum_options<O1, O2>::policy;
-  auto out =
-      detail::make_result(a.owner(), zest::einsum<Spec, O1, O2>(a.value(), at), a.requires_grad());
+  auto out = detail::make_result(a.owner(), zest::detail::einsum_at<Spec, O1, O2>(at, a.value()),
+                                 a.requires_grad());
   if (out.requires_grad()) {
     a.owner().record([an = a.node(), on = out.node()] {
       if (on->grad) an->accumulate(einsum_operand_gradient<Spec, 0, policy>(*on->grad, an->value));

@@ -30,13 +30,15 @@
 // every process, and output the launcher has not yet forwarded is lost with them.
 //
 // The end of the run checks the collective schedule: when the environment that initialised
-// MPI ends normally (not while an exception unwinds), the ranks compare the record of every
-// zest MPI communicator the program made (zest/comm/detail/schedule_log.hpp: the collectives
-// each rank issued on it), with one all-gather on a duplicate of MPI_COMM_WORLD, under the
-// watchdog's deadline. Ranks that issued other collectives than their peers since the last
-// check_schedule, even of the same sizes (which MPI lets through, with wrong data), then end
+// MPI ends, the ranks compare the record of every zest communicator the program made (MPI and
+// NCCL; zest/comm/detail/schedule_log.hpp: the collectives each rank issued on it), with one
+// all-gather on a duplicate of MPI_COMM_WORLD, under the watchdog's deadline. Ranks that
+// issued other collectives than their peers since the last check_schedule, even of the same
+// sizes (which MPI lets through, with wrong data), then end
 // with collective_mismatch's message through report_and_abort (exit status 1) instead of
-// exiting 0. A rank that does not reach the end within the deadline ends the run the same way.
+// exiting 0. A rank that does not reach the end within the deadline makes the others skip the
+// check with a warning (a rank still at work is no error); a rank whose environment ends by an
+// exception takes part without records, and then no rank gives a verdict.
 #pragma once
 
 #include <mpi.h>
@@ -50,6 +52,7 @@
 #include <exception>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <span>
 #include <sstream>
 #include <string>
@@ -182,37 +185,49 @@ inline bool wait_within_watchdog(MPI_Request& pending) {
   }
 }
 
-// The end of the run's schedule check over `comm` (a duplicate of MPI_COMM_WORLD): "" when
-// every communicator's ranks agree, else the message this rank ends with.
-inline std::string end_of_run_mismatch(MPI_Comm comm) {
+// What the end of the run's check says on this rank: a mismatch it ends with (status 1), or
+// a warning that the check could not be made (the run still ends as it would have).
+struct end_of_run_verdict {
+  std::string mismatch, warning;
+};
+
+// The end of the run's schedule check over `comm` (a duplicate of MPI_COMM_WORLD). A rank
+// whose environment ends by an exception (`unwinding`) still takes part in the first
+// exchange, with no records, so that the others learn it and give no verdict.
+inline end_of_run_verdict end_of_run_check(MPI_Comm comm, bool unwinding) {
   int world_size = 1, world_rank = 0;
   MPI_Comm_size(comm, &world_size);
   MPI_Comm_rank(comm, &world_rank);
-  constexpr std::size_t words = 4;  // key, hash, calls, rank in the communicator
+  constexpr std::size_t words = 5;  // key, hash, calls, rank in the communicator, its size
   std::vector<std::uint64_t> mine;
   for (const auto& e : schedule_registry::instance().entries()) {
     if (!schedule_registry::compared(e)) continue;
     const auto [hash, calls] = schedule_registry::record_of(e);
-    mine.insert(mine.end(), {e.key, hash, calls, static_cast<std::uint64_t>(e.rank)});
+    mine.insert(mine.end(), {e.key, hash, calls, static_cast<std::uint64_t>(e.rank),
+                             static_cast<std::uint64_t>(e.world_ranks.size())});
   }
   const auto timed_out = [&] {
-    return message(
-        "zest: mpi_environment: the end of the run's schedule check did not complete "
-        "within the watchdog's ",
-        checked_mode().watchdog.count(),
-        " ms: some rank has not reached the end of the run (it is blocked in a "
-        "collective, still computing, or has stopped)");
+    return end_of_run_verdict{
+        "", message("zest: mpi_environment: the end of the run's schedule check was skipped: "
+                    "some rank did not reach the end of the run within the watchdog's ",
+                    checked_mode().watchdog.count(),
+                    " ms (it is blocked in a collective, still computing, or has stopped)")};
   };
   std::vector<int> counts(static_cast<std::size_t>(world_size)), starts(counts.size());
-  int count = static_cast<int>(mine.size());
+  // -1: this rank ends by an exception, and there is no verdict.
+  auto count = std::make_unique<int>(unwinding ? -1 : static_cast<int>(mine.size()));
   MPI_Request pending = MPI_REQUEST_NULL;
-  if (MPI_Iallgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm, &pending) !=
+  if (MPI_Iallgather(count.get(), 1, MPI_INT, counts.data(), 1, MPI_INT, comm, &pending) !=
       MPI_SUCCESS) {
-    return "";  // no check possible: MPI is failing already
+    return {};  // no check possible: MPI is failing already
   }
   if (!wait_within_watchdog(pending)) {
-    keep_forever(std::move(counts));  // MPI may still write them
+    keep_forever(std::move(counts));  // MPI may still read and write them
+    static_cast<void>(count.release());
     return timed_out();
+  }
+  if (unwinding || std::any_of(counts.begin(), counts.end(), [](int c) { return c < 0; })) {
+    return {};
   }
   int total = 0;
   for (std::size_t r = 0; r < counts.size(); ++r) {
@@ -220,9 +235,9 @@ inline std::string end_of_run_mismatch(MPI_Comm comm) {
     total += counts[r];
   }
   std::vector<std::uint64_t> all(static_cast<std::size_t>(total));
-  if (MPI_Iallgatherv(mine.data(), count, MPI_UINT64_T, all.data(), counts.data(), starts.data(),
+  if (MPI_Iallgatherv(mine.data(), *count, MPI_UINT64_T, all.data(), counts.data(), starts.data(),
                       MPI_UINT64_T, comm, &pending) != MPI_SUCCESS) {
-    return "";
+    return {};
   }
   if (!wait_within_watchdog(pending)) {
     keep_forever(std::move(mine));
@@ -234,18 +249,21 @@ inline std::string end_of_run_mismatch(MPI_Comm comm) {
   // Every rank sees every record: the verdict is the same everywhere.
   struct seen {
     int world_rank, rank;
-    std::uint64_t hash, calls;
+    std::uint64_t hash, calls, size;
   };
   std::map<std::uint64_t, std::vector<seen>> by_key;
   for (std::size_t r = 0; r < counts.size(); ++r) {
     for (int w = 0; w < counts[r]; w += static_cast<int>(words)) {
       const std::uint64_t* f = &all[static_cast<std::size_t>(starts[r] + w)];
-      by_key[f[0]].push_back({static_cast<int>(r), static_cast<int>(f[3]), f[1], f[2]});
+      by_key[f[0]].push_back({static_cast<int>(r), static_cast<int>(f[3]), f[1], f[2], f[4]});
     }
   }
   std::ostringstream out;
   std::vector<int> involved;
   for (auto& [key, ranks] : by_key) {
+    // A communicator that some of its ranks left out (unusable there after a timeout, whose
+    // error that rank reported) is not compared.
+    if (ranks.size() != ranks.front().size) continue;
     const bool agree = std::all_of(ranks.begin(), ranks.end(), [&](const seen& s) {
       return s.hash == ranks.front().hash && s.calls == ranks.front().calls;
     });
@@ -262,7 +280,7 @@ inline std::string end_of_run_mismatch(MPI_Comm comm) {
     for (const seen& s : ranks) same_counts = same_counts && s.calls == ranks.front().calls;
     out << (out.tellp() > 0 ? "\n" : "") << "zest: collective mismatch on axis '" << here->name
         << "' found at the end of the run (mpi_environment): the ranks of the axis did not issue "
-           "the same collectives since its last check_schedule: "
+           "the same collectives since it was made or last checked: "
         << per_rank(
                ranks.size(),
                [&](std::size_t r) {
@@ -279,14 +297,14 @@ inline std::string end_of_run_mismatch(MPI_Comm comm) {
         << ". zest::check_schedule(mesh) names the first call that differs (zero_engine::step "
            "checks every step); ZEST_CHECKED=1 stops at the first such call";
   }
-  if (involved.empty()) return "";
-  if (out.tellp() > 0) return out.str();
+  if (involved.empty()) return {};
+  if (out.tellp() > 0) return {out.str(), ""};
   std::sort(involved.begin(), involved.end());
   involved.erase(std::unique(involved.begin(), involved.end()), involved.end());
-  return message(
-      "zest: collective mismatch found at the end of the run (mpi_environment) on a "
-      "communicator of world ranks ",
-      rank_list(involved), ", which this rank is not part of: their messages name it");
+  return {message("zest: collective mismatch found at the end of the run (mpi_environment) on a "
+                  "communicator of world ranks ",
+                  rank_list(involved), ", which this rank is not part of: their messages name it"),
+          ""};
 }
 }  // namespace detail
 
@@ -329,13 +347,18 @@ class mpi_environment {
     MPI_Finalized(&finalized);
     if (finalized != 0) return;
     if (end_comm_ != MPI_COMM_NULL) {
-      if (std::uncaught_exceptions() == 0) {
-        std::string mismatch;
-        try {
-          mismatch = detail::end_of_run_mismatch(end_comm_);
-        } catch (...) {  // out of memory: no check
-        }
-        if (!mismatch.empty()) report_and_abort(mismatch, 1);
+      detail::end_of_run_verdict verdict;
+      try {
+        verdict = detail::end_of_run_check(end_comm_, std::uncaught_exceptions() > 0);
+      } catch (...) {  // out of memory: no check
+      }
+      if (!verdict.mismatch.empty()) report_and_abort(verdict.mismatch, 1);
+      if (!verdict.warning.empty()) {
+        int rank = 0, size = 1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        detail::write_whole(STDERR_FILENO, detail::message("[rank ", rank, " of ", size, "] ",
+                                                           verdict.warning, '\n'));
       }
       MPI_Comm_free(&end_comm_);
     }

@@ -101,6 +101,7 @@
 #include <mpi.h>
 
 #include "zest/comm/detail/schedule_log.hpp"
+#include "zest/comm/detail/schedule_registry.hpp"
 #include "zest/comm/mpi_communicator.hpp"
 #include "zest/core/source_site.hpp"
 
@@ -379,6 +380,9 @@ class nccl_core {
     MPI_Group_free(&group);
     MPI_Group_free(&world);
     watch(true);
+    // For the end of the run's check (zest/comm/mpi_environment.hpp), as mpi_core does.
+    registered_ = schedule_registry::instance().add(name_, world_ranks_, static_cast<int>(rank_),
+                                                    &schedule_, &broken_);
   }
 
   // One rank, no MPI needed (MPI_Init neither).
@@ -400,6 +404,7 @@ class nccl_core {
   // Waits for this communicator's stream, under the watchdog (a peer that never joins a
   // queued collective would make the wait endless): past it, NCCL is aborted, not destroyed.
   ~nccl_core() {
+    if (registered_) schedule_registry::instance().close(*registered_);
     watch(false);
     if (comm_ == nullptr) return;
     if (broken_.empty() && drained()) {
@@ -918,6 +923,7 @@ class nccl_core {
   std::optional<bool> checked_override_;
   schedule_log schedule_;
   std::string broken_;
+  std::optional<std::size_t> registered_;  // in schedule_registry (not for one rank alone)
 
   // Call `number` into the schedule's record, named at the user's line of the public call.
   void record(const nccl_call& c, std::uint64_t number) {

@@ -98,6 +98,7 @@
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/json.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/io/detail/block_reads.hpp"
 #include "zest/io/detail/checkpoint_files.hpp"
 #include "zest/io/detail/rank_agreement.hpp"
@@ -114,7 +115,9 @@ namespace zest::io {
 // every rank.
 template <class Mesh>
 void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
-                     std::span<const tensor_record> tensors, const checkpoint_info& info) {
+                     std::span<const tensor_record> tensors, const checkpoint_info& info,
+                     source_site at = source_site::current()) {
+  const user_call user(at);
   namespace d = detail;
   constexpr std::string_view op = "save_checkpoint";
   auto& world = mesh.world();
@@ -323,7 +326,9 @@ inline checkpoint_info read_checkpoint_info(const std::filesystem::path& dir) {
 template <class Mesh>
 checkpoint_info load_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
                                 std::span<const tensor_record> tensors,
-                                const std::function<void(const checkpoint_info&)>& accept = {}) {
+                                const std::function<void(const checkpoint_info&)>& accept = {},
+                                source_site at = source_site::current()) {
+  const user_call user(at);
   namespace d = detail;
   constexpr std::string_view op = "load_checkpoint";
   auto& world = mesh.world();

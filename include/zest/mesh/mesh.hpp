@@ -226,8 +226,7 @@ class basic_mesh {
 // its ranks so far, as mpi_communicator::check_schedule does: on a difference, every rank
 // throws collective_mismatch naming `where` and the first call that differs on each rank.
 // Every rank calls it at the same point of its program; zero_engine::step does, once per
-// optimizer step. (A communicator of one rank agrees with itself; NCCL communicators keep
-// no record yet and are passed over.)
+// optimizer step. (A communicator of one rank agrees with itself.)
 // (The mesh is taken whole, not as basic_mesh<Comm, Axes...>: nvcc's front end does not deduce
 // class-type template arguments through a derived class.)
 template <class Mesh>
@@ -249,8 +248,7 @@ void check_schedule(const Mesh& mesh, std::string_view where = {},
 
 // Every communicator's schedule_fingerprint (the axes in order, then the world), on this
 // rank: equal across the ranks when they issued the same collectives, and across runs on
-// meshes made alike when the runs did. Communicators that keep no record (one rank, NCCL)
-// give {0, 0}.
+// meshes made alike when the runs did. A communicator that keeps no record gives {0, 0}.
 template <class Mesh>
 requires requires(const Mesh& m) {
   m.world();

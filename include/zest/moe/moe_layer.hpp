@@ -229,7 +229,8 @@ class moe_layer {
     }
     routing_bias_ = std::move(bias);
   }
-  std::vector<std::int64_t> update_routing_bias() {
+  std::vector<std::int64_t> update_routing_bias(source_site at = source_site::current()) {
+    const user_call user(at);
     if (stats_.routed_per_expert.size() != experts_) {
       throw std::logic_error(zest::detail::message(
           "zest moe_layer '", name_, "': update_routing_bias() before the first forward"));

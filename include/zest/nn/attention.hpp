@@ -16,7 +16,8 @@
 // "tp" the heads are split over it (zest/nn/tensor_parallel.hpp): W_q, W_k, W_v and their
 // biases column-parallel, W_o row-parallel, the output reduced into x's layout before W_o's
 // bias is added. On a mesh with "sp", Ulysses: q, k and v go from the sequence split to a
-// heads split over sp for the attention core, its output back (across_sp).
+// heads split over sp for the attention core, its output back (across_sp). EinsumPolicy is
+// the projections' (zest/nn/linear.hpp): no_communication<> guards them.
 #pragma once
 
 #include <cmath>
@@ -32,7 +33,7 @@
 
 namespace zest {
 
-template <training_policy_type P>
+template <training_policy_type P, einsum_policy EinsumPolicy = gather_weights>
 class causal_self_attention {
  public:
   // `residual_std`: the output projection's init (GPT-2 scales it by 1/sqrt(2 layers)).
@@ -83,8 +84,8 @@ class causal_self_attention {
   const zero_engine<P>* engine_;
   std::size_t heads_, head_dim_;
   using heads_split = split_over_tp<P, 'n'>;
-  linear<P, "btm,mnd->btnd", "mnd", "nd", heads_split, heads_split> q_, k_, v_;
-  linear<P, "btnd,ndm->btm", "ndm", "m", heads_split> o_;
+  linear<P, "btm,mnd->btnd", "mnd", "nd", heads_split, heads_split, EinsumPolicy> q_, k_, v_;
+  linear<P, "btnd,ndm->btm", "ndm", "m", heads_split, layout<>, EinsumPolicy> o_;
 };
 
 }  // namespace zest

@@ -281,7 +281,8 @@ class gpt {
   // expert layer's routing bias moves towards its mean load (moe_layer::update_routing_bias,
   // a collective). The biases are state: routing_biases() to save, set_routing_biases() to
   // restore (one list per expert layer, in block order).
-  void update_routing_bias() {
+  void update_routing_bias(source_site at = source_site::current()) {
+    const user_call user(at);
     if constexpr (P::has_expert_axis) {
       for (auto& b : blocks_)
         if (b->is_moe()) b->expert_layer().update_routing_bias();

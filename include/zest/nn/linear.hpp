@@ -9,6 +9,11 @@
 // column-parallel layer is linear<P, "btm,mh->bth", "mh", "h", layout<split<'h', "tp">>,
 // layout<split<'h', "tp">>>, see examples/custom_layer.cpp. The einsum then derives every
 // collective, forward and backward.
+//
+// EinsumPolicy (zest/einsum/policy.hpp, docs/einsum-policies.md) is the product's policy:
+// gather_weights by default; zest::no_communication<> guards the layer, so that an input
+// whose layout would make the product move the weight (a sequence-split stream fed to a
+// column-parallel layer: an all-gather of the weight over tp) does not compile.
 #pragma once
 
 #include <array>
@@ -28,9 +33,11 @@
 namespace zest {
 
 template <training_policy_type P, fixed_string Spec, fixed_string WDims, fixed_string BDims = "",
-          class WBase = layout<>, class BBase = layout<>>
+          class WBase = layout<>, class BBase = layout<>,
+          einsum_policy EinsumPolicy = gather_weights>
 class linear {
  public:
+  using einsum_policy_type = EinsumPolicy;
   static constexpr bool has_bias = BDims.size() > 0;
   using weight_type = parameter<P, WDims, WBase>;
   using bias_type = std::conditional_t<has_bias, parameter<P, BDims, BBase>, weight_type>;
@@ -61,9 +68,10 @@ class linear {
     const user_call user(at);
     auto y = [&] {
       if constexpr (std::is_void_v<Out>) {
-        return autodiff::einsum<Spec>(x, weight_.value());
+        return autodiff::einsum<Spec, EinsumPolicy>(x, weight_.value());
       } else {
-        return autodiff::redistribute<Out>(autodiff::einsum<Spec>(x, weight_.value()));
+        return autodiff::redistribute<Out>(
+            autodiff::einsum<Spec, EinsumPolicy>(x, weight_.value()));
       }
     }();
     if constexpr (has_bias) {

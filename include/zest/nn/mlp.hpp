@@ -2,6 +2,7 @@
 //
 // On a mesh with "tp" the hidden dim is split over it (zest/nn/tensor_parallel.hpp): W1 and
 // b1 column-parallel, W2 row-parallel, its output reduced into x's layout before b2.
+// EinsumPolicy is its linears' (zest/nn/linear.hpp): no_communication<> guards them.
 #pragma once
 
 #include <string>
@@ -13,7 +14,7 @@
 
 namespace zest {
 
-template <training_policy_type P>
+template <training_policy_type P, einsum_policy EinsumPolicy = gather_weights>
 class mlp {
  public:
   mlp(zero_engine<P>& engine, const std::string& name, std::size_t width, std::size_t hidden,
@@ -31,8 +32,8 @@ class mlp {
 
  private:
   using hidden_split = split_over_tp<P, 'h'>;
-  linear<P, "btm,mh->bth", "mh", "h", hidden_split, hidden_split> fc_;
-  linear<P, "bth,hm->btm", "hm", "m", hidden_split> proj_;
+  linear<P, "btm,mh->bth", "mh", "h", hidden_split, hidden_split, EinsumPolicy> fc_;
+  linear<P, "bth,hm->btm", "hm", "m", hidden_split, layout<>, EinsumPolicy> proj_;
 };
 
 }  // namespace zest

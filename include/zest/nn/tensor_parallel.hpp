@@ -40,6 +40,7 @@
 #include <type_traits>
 
 #include "zest/autodiff/tape.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/layout_of.hpp"
 #include "zest/layout/placement.hpp"
@@ -135,8 +136,8 @@ using sequence_whole =
 // x brought whole on P's tensor-parallel axis (tp_region_input): an all-gather from a
 // sequence-parallel stream, x itself otherwise (no copy, no tape step).
 template <training_policy_type P, sharded_tensor X>
-auto whole_on_tp(const autodiff::variable<X>& x) {
-  return autodiff::redistribute<tp_region_input<P, X>>(x);
+auto whole_on_tp(const autodiff::variable<X>& x, source_site at = source_site::current()) {
+  return autodiff::redistribute<tp_region_input<P, X>>(x, at);
 }
 
 // Ulysses' all-to-all: x's split over P's sequence-parallel axis moved from dim From (the
@@ -145,9 +146,9 @@ auto whole_on_tp(const autodiff::variable<X>& x) {
 //
 //   q "btnd" split(t:sp)  -> across_sp<P, 't', 'n'>(q) -> split(n:sp): every query of its heads
 template <training_policy_type P, char From, char To, sharded_tensor X>
-auto across_sp(const autodiff::variable<X>& x) {
+auto across_sp(const autodiff::variable<X>& x, source_site at = source_site::current()) {
   return autodiff::redistribute<detail::moved_over_sp<From, To>(layout_value(X::layout),
-                                                                P::sequence_axis)>(x);
+                                                                P::sequence_axis)>(x, at);
 }
 
 }  // namespace zest

@@ -41,6 +41,7 @@
 #include "zest/core/dtype.hpp"
 #include "zest/core/float16.hpp"
 #include "zest/core/memory.hpp"
+#include "zest/core/source_site.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/tensor/tensor.hpp"
 
@@ -166,7 +167,9 @@ double global_norm(const Mesh& mesh, const G&... grads) {
 
 // The same over a run-time list of terms, whose values are in the memory of Mesh's backend.
 template <class Mesh>
-double global_norm(const Mesh& mesh, std::span<const norm_term> terms) {
+double global_norm(const Mesh& mesh, std::span<const norm_term> terms,
+                   source_site at = source_site::current()) {
+  const user_call user(at);
   return std::sqrt(detail::all_reduce_sum(mesh, local_sum_of_squares<backend_of<Mesh>>(terms)));
 }
 

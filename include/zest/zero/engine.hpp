@@ -262,7 +262,11 @@ class zero_engine {
     std::size_t g_;
   };
   // The group's parameters are usable (their value()) while the scope lives.
-  [[nodiscard]] scope use(autodiff::tape& t, std::size_t g) { return scope(*this, t, g); }
+  [[nodiscard]] scope use(autodiff::tape& t, std::size_t g,
+                          source_site at = source_site::current()) {
+    const user_call user(at);  // the group's gathers (ZeRO-3) and the start-up check
+    return scope(*this, t, g);
+  }
 
   // -------------------------------------------------------------------------------------
   // Backward and step.
@@ -379,14 +383,16 @@ class zero_engine {
 
   // The sum over all ranks of a per-rank value (a loss, a token count), over the world
   // communicator: scalar reductions stay apart from the parameter and gradient traffic.
-  double sum_over_ranks(double local) const {
+  double sum_over_ranks(double local, source_site at = source_site::current()) const {
+    const user_call user(at);
     mesh_->world().all_reduce(std::span<double>(&local, 1), reduce_op::sum);
     return local;
   }
   // The value of a scalar tensor on every rank: its pending sums added, each replica
   // counted once.
   template <sharded_tensor S>
-  double scalar_value(const S& s) const {
+  double scalar_value(const S& s, source_site at = source_site::current()) const {
+    const user_call user(at);
     static_assert(S::rank == 0, "zest zero_engine::scalar_value takes a scalar (dims \"\")");
     bool counts = true;
     for (std::size_t a = 0; a < mesh_t::axis_count; ++a) {

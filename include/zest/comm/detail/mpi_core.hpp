@@ -306,8 +306,8 @@ class mpi_core {
   // After a timeout in call #number (or in a check, number | outside_calls): "; ranks 0,2
   // wait in this call too; no word from rank 1
   // (...)", and the first call in which this rank's record differs from a reporting rank's.
-  // Reports (schedule_log::report: the call a rank waits in, then its last calls) are eager
-  // sends on report_ that nobody waits for.
+  // Reports (schedule_log::report: the call a rank waits in, then its last calls; 3.3 kB,
+  // under the eager limits) are sends on report_ that nobody waits for.
   std::string who_else(std::uint64_t number) const {
     if (size_ < 2) return "";
     constexpr std::size_t words = schedule_log::report_words;

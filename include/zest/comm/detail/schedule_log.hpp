@@ -176,7 +176,9 @@ class schedule_log {
 
   // [call it waits in, calls so far, then per remembered call: number, hash, hash of where it
   // was made, its description], a fixed size.
-  static constexpr std::size_t report_text_words = 16, report_entry_words = 3 + report_text_words,
+  // 418 words, 3,344 bytes: under the MPI libraries' eager limits for shared memory (4 KiB
+  // and more), so a report to a rank that never listens does not wait for it.
+  static constexpr std::size_t report_text_words = 10, report_entry_words = 3 + report_text_words,
                                report_words = 2 + ring_size * report_entry_words;
   std::vector<std::uint64_t> report(std::uint64_t waiting_in) const {
     std::vector<std::uint64_t> words(report_words, 0);
@@ -232,11 +234,14 @@ class schedule_log {
       }
     }
     if (other == rank) return "";
+    if (alike) {
+      return message("; the first call made from other lines is #", best, ": this rank's ",
+                     text(entry(rank, best)), ", rank ", other, "'s ", text(entry(other, best)),
+                     " (alike calls: unless a branch on the rank makes them differ on purpose, "
+                     "a rank skipped a call there and paired its next one with it)");
+    }
     return message("; the first call that did not match is #", best, ": this rank's ",
-                   text(entry(rank, best)), ", rank ", other, "'s ", text(entry(other, best)),
-                   alike ? " (alike calls made from other lines: a rank that skipped a call "
-                           "pairs its next one with it when the sizes agree)"
-                         : "");
+                   text(entry(rank, best)), ", rank ", other, "'s ", text(entry(other, best)));
   }
 
   // "all_gather<float>[512] #3 at nn/linear.hpp:40 in einsum" (the last two parts of the path)

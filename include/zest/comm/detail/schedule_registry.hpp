@@ -38,9 +38,10 @@ class schedule_registry {
     bool excluded = false;                // unusable, or its mismatch already reported
   };
 
+  // Never destroyed: a communicator held by a static object may outlive every other static.
   static schedule_registry& instance() {
-    static schedule_registry registry;
-    return registry;
+    static auto* registry = new schedule_registry;  // NOLINT: leaked on purpose
+    return *registry;
   }
 
   // A new communicator; returns its index here.
