@@ -51,7 +51,8 @@
 // the same kind of fingerprint as mpi_communicator's (kind, element type, op or root, axis,
 // call number, counts) through an mpi_communicator on the same ranks, itself checked, so a
 // rank that skips a call gives collective_timeout and ranks that disagree all throw
-// collective_mismatch naming each rank's call, instead of hanging in NCCL. The data transfer
+// collective_mismatch naming each rank's call and where it was made (the user's line, as
+// mpi_communicator's messages: zest::user_call), instead of hanging in NCCL. The data transfer
 // is then waited for on the host under the same watchdog; on timeout the NCCL communicator
 // is aborted and every later call throws communicator_error.
 //
@@ -220,6 +221,7 @@ struct nccl_call {
   std::vector<std::uint64_t> counts_shown;
   std::uint64_t pairs_sent = 0, pairs_received = 0;
   std::vector<std::uint64_t> send_row, recv_row;
+  source_site where;  // the user's line (user_call), else the caller's
 };
 
 inline void nccl_reject(nccl_call& c, std::string why) {
@@ -336,9 +338,12 @@ inline void nccl_prepare_all_to_all(nccl_call& c, std::size_t n, std::size_t ran
 namespace nfp {
 inline constexpr std::size_t version = 0, kind = 1, type = 2, op_or_root = 3, axis = 4, number = 5,
                              elements = 6, counts = 7, invalid = 8, pairs_sent = 9,
-                             pairs_received = 10, counts_size = 11, first_count = 12, words = 16;
-inline constexpr std::size_t shown_counts = words - first_count;
-inline constexpr std::uint64_t current_version = 0x7a6573746e01ULL;  // "zestn" 1
+                             pairs_received = 10, counts_size = 11, first_count = 12, site = 16,
+                             words = 32;
+inline constexpr std::size_t shown_counts = site - first_count;
+// "at file:line in <context>", cut and zero-terminated: named in a mismatch's message.
+inline constexpr std::size_t site_chars = (words - site) * sizeof(std::uint64_t);
+inline constexpr std::uint64_t current_version = 0x7a6573746e02ULL;  // "zestn" 2
 inline constexpr std::uint64_t barrier_kind = collective_kinds;
 }  // namespace nfp
 
@@ -476,11 +481,12 @@ class nccl_core {
             const std::lock_guard lock(registry().mutex);
             abort_nccl();
           }
-          throw collective_timeout(
-              message("zest: collective timeout on axis '", name_, "': ", nccl_name(c), " #",
-                      number, " on rank ", rank_, " of ", size_, " not complete after ",
-                      std::chrono::duration<double>(nccl_clock::now() - started).count(),
-                      " s (moving the data: all ranks agreed on the call, but it did not finish)"));
+          throw collective_timeout(message(
+              "zest: collective timeout on axis '", name_, "': ", nccl_name(c), " #", number,
+              " on rank ", rank_, " of ", size_, " not complete after ",
+              std::chrono::duration<double>(nccl_clock::now() - started).count(),
+              " s (moving the data: all ranks agreed on the call, but it did not finish); called ",
+              c.where.line() != 0 ? "at " + site_of(c.where) : std::string("at ?")));
         }
       }
     }
@@ -620,7 +626,16 @@ class nccl_core {
     for (std::size_t i = 0; i < nfp::shown_counts && i < c.counts_shown.size(); ++i) {
       f[nfp::first_count + i] = c.counts_shown[i];
     }
+    std::string text = c.where.line() != 0 ? "at " + site_of(c.where) : std::string("at ?");
+    if (const collective_context* context = collective_context::current()) {
+      text += " in " + context->text();
+    }
+    std::memcpy(&f[nfp::site], text.data(), std::min(text.size(), nfp::site_chars - 1));
     return f;
+  }
+  static std::string site_text(const std::uint64_t* f) {
+    const auto* chars = reinterpret_cast<const char*>(&f[nfp::site]);
+    return std::string(chars, strnlen(chars, nfp::site_chars));
   }
 
   // "all_gather<float>[512] counts {1,3} #3"
@@ -677,8 +692,8 @@ class nccl_core {
           message("zest: collective timeout on axis '", name_, "': ", describe(mine.data()),
                   " on rank ", rank_, " of ", size_,
                   " (checking the call: some rank of this communicator has not reached it; it "
-                  "skipped it or is blocked in another collective) [",
-                  e.what(), "]"));
+                  "skipped it or is blocked in another collective); called ",
+                  site_text(mine.data()), " [", e.what(), "]"));
     }
     bool agree = true;
     std::uint64_t sent = 0, received = 0;
@@ -696,9 +711,13 @@ class nccl_core {
       for (std::size_t r = 0; r < size_; ++r) {
         list << (r == 0 ? "" : "; ") << "rank " << r << ": " << describe(&all[r * nfp::words]);
       }
+      const std::string sites = per_rank(
+          size_, [&](std::size_t r) { return site_text(&all[r * nfp::words]); }, true);
       throw collective_mismatch(
           prefix + list.str() +
-          " (all ranks of a communicator must make the same collective calls in the same order)");
+          " (all ranks of a communicator must make the same collective calls in the same "
+          "order); called " +
+          sites);
     }
     if (!c.invalid.empty()) throw_invalid(c);
     if (first_invalid < size_) {
@@ -935,7 +954,7 @@ class nccl_core {
     f.elements = c.elements;
     f.counts_key = c.counts_key;
     f.invalid = !c.invalid.empty();
-    f.where = user_call::or_else(source_site{});
+    f.where = c.where;
     schedule_.record(f, number);
   }
 };
@@ -993,40 +1012,46 @@ class nccl_communicator {
   // equal, recv.size() = size() * send.size()).
   template <class T>
   void all_gather(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                  std::span<const std::size_t> counts = {}) {
-    run<T>(prepare_all_gather<T>(send, recv, counts), true,
+                  std::span<const std::size_t> counts = {},
+                  source_site where = source_site::current()) {
+    run<T>(prepare_all_gather<T>(send, recv, counts), true, where,
            [&](auto& m) { m.template all_gather<T>(send, recv, counts); });
   }
   template <class T>
   request iall_gather(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                      std::span<const std::size_t> counts = {}) {
-    return run<T>(prepare_all_gather<T>(send, recv, counts), false,
+                      std::span<const std::size_t> counts = {},
+                      source_site where = source_site::current()) {
+    return run<T>(prepare_all_gather<T>(send, recv, counts), false, where,
                   [&](auto& m) { m.template all_gather<T>(send, recv, counts); });
   }
 
   // recv = chunk rank() of the elementwise reduction of the ranks' send buffers.
   template <class T>
   void reduce_scatter(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                      std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum) {
-    run<T>(prepare_reduce_scatter<T>(send, recv, counts, op), true,
+                      std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum,
+                      source_site where = source_site::current()) {
+    run<T>(prepare_reduce_scatter<T>(send, recv, counts, op), true, where,
            [&](auto& m) { m.template reduce_scatter<T>(send, recv, counts, op); });
   }
   template <class T>
   request ireduce_scatter(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                          std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum) {
-    return run<T>(prepare_reduce_scatter<T>(send, recv, counts, op), false,
+                          std::span<const std::size_t> counts = {}, reduce_op op = reduce_op::sum,
+                          source_site where = source_site::current()) {
+    return run<T>(prepare_reduce_scatter<T>(send, recv, counts, op), false, where,
                   [&](auto& m) { m.template reduce_scatter<T>(send, recv, counts, op); });
   }
 
   // inout = the elementwise reduction of every rank's inout.
   template <class T>
-  void all_reduce(std::span<T> inout, reduce_op op = reduce_op::sum) {
-    run<T>(prepare_all_reduce<T>(inout, op), true,
+  void all_reduce(std::span<T> inout, reduce_op op = reduce_op::sum,
+                  source_site where = source_site::current()) {
+    run<T>(prepare_all_reduce<T>(inout, op), true, where,
            [&](auto& m) { m.template all_reduce<T>(inout, op); });
   }
   template <class T>
-  request iall_reduce(std::span<T> inout, reduce_op op = reduce_op::sum) {
-    return run<T>(prepare_all_reduce<T>(inout, op), false,
+  request iall_reduce(std::span<T> inout, reduce_op op = reduce_op::sum,
+                      source_site where = source_site::current()) {
+    return run<T>(prepare_all_reduce<T>(inout, op), false, where,
                   [&](auto& m) { m.template all_reduce<T>(inout, op); });
   }
 
@@ -1034,27 +1059,29 @@ class nccl_communicator {
   template <class T>
   void all_to_all(std::type_identity_t<std::span<const T>> send,
                   std::span<const std::size_t> send_counts, std::span<T> recv,
-                  std::span<const std::size_t> recv_counts) {
-    run<T>(prepare_all_to_all<T>(send, send_counts, recv, recv_counts), true,
+                  std::span<const std::size_t> recv_counts,
+                  source_site where = source_site::current()) {
+    run<T>(prepare_all_to_all<T>(send, send_counts, recv, recv_counts), true, where,
            [&](auto& m) { m.template all_to_all<T>(send, send_counts, recv, recv_counts); });
   }
   template <class T>
   request iall_to_all(std::type_identity_t<std::span<const T>> send,
                       std::span<const std::size_t> send_counts, std::span<T> recv,
-                      std::span<const std::size_t> recv_counts) {
-    return run<T>(prepare_all_to_all<T>(send, send_counts, recv, recv_counts), false,
+                      std::span<const std::size_t> recv_counts,
+                      source_site where = source_site::current()) {
+    return run<T>(prepare_all_to_all<T>(send, send_counts, recv, recv_counts), false, where,
                   [&](auto& m) { m.template all_to_all<T>(send, send_counts, recv, recv_counts); });
   }
 
   // data = root's data on every rank.
   template <class T>
-  void broadcast(std::span<T> data, int root) {
-    run<T>(prepare_broadcast<T>(data, root), true,
+  void broadcast(std::span<T> data, int root, source_site where = source_site::current()) {
+    run<T>(prepare_broadcast<T>(data, root), true, where,
            [&](auto& m) { m.template broadcast<T>(data, root); });
   }
   template <class T>
-  request ibroadcast(std::span<T> data, int root) {
-    return run<T>(prepare_broadcast<T>(data, root), false,
+  request ibroadcast(std::span<T> data, int root, source_site where = source_site::current()) {
+    return run<T>(prepare_broadcast<T>(data, root), false, where,
                   [&](auto& m) { m.template broadcast<T>(data, root); });
   }
 
@@ -1074,9 +1101,11 @@ class nccl_communicator {
   }
 
   // Every rank arrives; this rank's queued GPU work (compute and this communicator's) is done.
-  void barrier() {
+  void barrier(source_site where = source_site::current()) {
+    const user_call user(where);
     detail::nccl_call c;
     c.barrier = true;
+    c.where = user_call::or_else(where);
     core_->check_only(c);
     cuda::wait_for(core_->stream());  // under the watchdog (cuda::wait_for)
     cuda::synchronize();
@@ -1087,7 +1116,9 @@ class nccl_communicator {
   // Device memory goes to NCCL; host memory to MPI (or, alone, a copy). Every rank must
   // pass the same kind of memory. A null pointer (an empty span) goes with the other buffer.
   template <class T, class HostCall>
-  request run(detail::nccl_call c, bool blocking, HostCall&& host_call) {
+  request run(detail::nccl_call c, bool blocking, const source_site& where, HostCall&& host_call) {
+    c.where = user_call::or_else(where);
+    const user_call user(where);  // host memory: the MPI communicator's calls name it too
     const bool send_device = detail::is_device_pointer(c.send);
     const bool recv_device = detail::is_device_pointer(c.recv);
     const bool on_device = send_device && recv_device;
