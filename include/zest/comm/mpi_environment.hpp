@@ -260,7 +260,9 @@ inline end_of_run_verdict end_of_run_check(MPI_Comm comm, bool unwinding) {
   }
   std::ostringstream out;
   std::vector<int> involved;
-  for (auto& [key, ranks] : by_key) {
+  for (auto& entry : by_key) {  // not a structured binding: clang++ 14 cannot capture one
+    const std::uint64_t key = entry.first;
+    std::vector<seen>& ranks = entry.second;
     // A communicator that some of its ranks left out (unusable there after a timeout, whose
     // error that rank reported) is not compared.
     if (ranks.size() != ranks.front().size) continue;
