@@ -115,26 +115,12 @@ class schedule_log {
     constexpr std::size_t text_words = 32, entry_words = 3 + text_words;
     constexpr std::size_t ring = ring_size;
     std::vector<std::uint64_t> mine(ring * entry_words, 0);
-    const std::uint64_t first = calls_ > ring ? calls_ - ring : 0;
-    for (std::uint64_t n = first; n < calls_; ++n) {
-      const schedule_entry* e = find(n);
-      if (e == nullptr) continue;
-      std::uint64_t* w = &mine[(n - first) * entry_words];
-      w[0] = 1;
-      w[1] = n;
-      w[2] = e->hash;
-      const std::string text = describe(*e);
-      std::memcpy(&w[3], text.data(), std::min(text.size(), text_words * 8 - 1));
-    }
+    pack_calls<text_words>(mine.data());
     const std::vector<std::uint64_t> all = exchange(mine);
 
     // Each rank's call number n: its words, or null when it has none.
-    const auto entry_of = [&](std::size_t r, std::uint64_t n) -> const std::uint64_t* {
-      const std::uint64_t count = totals[2 * r + 1];
-      const std::uint64_t lo = count > ring ? count - ring : 0;
-      if (n < lo || n >= count) return nullptr;
-      const std::uint64_t* w = &all[(r * ring + (n - lo)) * entry_words];
-      return w[0] == 1 && w[1] == n ? w : nullptr;
+    const auto entry_of = [&](std::size_t r, std::uint64_t n) {
+      return packed_call<text_words>(&all[r * ring * entry_words], n);
     };
     std::uint64_t start = 0, end = 0;
     for (std::size_t r = 0; r < size; ++r) {
@@ -147,7 +133,7 @@ class schedule_log {
       const std::uint64_t* first_rank = entry_of(0, n);
       for (std::size_t r = 1; r < size; ++r) {
         const std::uint64_t* e = entry_of(r, n);
-        if ((e == nullptr) != (first_rank == nullptr) || (e != nullptr && e[2] != first_rank[2])) {
+        if ((e == nullptr) != (first_rank == nullptr) || (e != nullptr && e[1] != first_rank[1])) {
           differs = n;
           break;
         }
@@ -163,8 +149,7 @@ class schedule_log {
                        size,
                        [&](std::size_t r) -> std::string {
                          if (const std::uint64_t* e = entry_of(r, differs)) {
-                           const auto* chars = reinterpret_cast<const char*>(&e[3]);
-                           return std::string(chars, strnlen(chars, text_words * 8));
+                           return packed_text<text_words>(e);
                          }
                          return message("no call #", differs, " (", totals[2 * r + 1],
                                         " calls in all)");
@@ -184,17 +169,7 @@ class schedule_log {
     std::vector<std::uint64_t> words(report_words, 0);
     words[0] = waiting_in;
     words[1] = calls_;
-    const std::uint64_t first = calls_ > ring_size ? calls_ - ring_size : 0;
-    for (std::uint64_t n = first; n < calls_; ++n) {
-      const schedule_entry* e = find(n);
-      if (e == nullptr) continue;
-      std::uint64_t* w = &words[2 + (n % ring_size) * report_entry_words];
-      w[0] = n + 1;  // 0: no entry
-      w[1] = e->hash;
-      w[2] = hash_name(site_text(*e));
-      const std::string text = describe(*e);
-      std::memcpy(&w[3], text.data(), std::min(text.size(), report_text_words * 8 - 1));
-    }
+    pack_calls<report_text_words>(&words[2]);
     return words;
   }
 
@@ -206,13 +181,9 @@ class schedule_log {
                                      const std::vector<std::vector<std::uint64_t>>& reports) {
     const auto entry = [&](std::size_t r, std::uint64_t n) -> const std::uint64_t* {
       if (reports[r].size() != report_words) return nullptr;
-      const std::uint64_t* w = &reports[r][2 + (n % ring_size) * report_entry_words];
-      return w[0] == n + 1 ? w : nullptr;
+      return packed_call<report_text_words>(&reports[r][2], n);
     };
-    const auto text = [&](const std::uint64_t* w) {
-      const auto* chars = reinterpret_cast<const char*>(&w[3]);
-      return std::string(chars, strnlen(chars, report_text_words * 8));
-    };
+    const auto text = [](const std::uint64_t* w) { return packed_text<report_text_words>(w); };
     const std::vector<std::uint64_t>& mine = reports[rank];
     std::uint64_t best = UINT64_MAX;
     std::size_t other = rank;
@@ -244,13 +215,43 @@ class schedule_log {
                    text(entry(rank, best)), ", rank ", other, "'s ", text(entry(other, best)));
   }
 
-  // "all_gather<float>[512] #3 at nn/linear.hpp:40 in einsum" (the last two parts of the path)
   // Where a call was made, as compared between ranks: "nn/linear.hpp:40 in einsum".
   static std::string site_text(const schedule_entry& e) {
     std::string out = e.where.line() != 0 ? site_of(e.where) : std::string();
     if (e.context[0] != '\0') out.append(" in ").append(e.context.data());
     return out;
   }
+
+  // The remembered calls as words, for another rank to read (check_schedule's second round,
+  // a timeout's report): call n at entry n % ring_size, each [n + 1 (0: none), hash, hash of
+  // site_text, describe() in TextWords words, cut and zero-terminated].
+  template <std::size_t TextWords>
+  void pack_calls(std::uint64_t* out) const {
+    const std::uint64_t first = calls_ > ring_size ? calls_ - ring_size : 0;
+    for (std::uint64_t n = first; n < calls_; ++n) {
+      const schedule_entry* e = find(n);
+      if (e == nullptr) continue;
+      std::uint64_t* w = &out[(n % ring_size) * (3 + TextWords)];
+      w[0] = n + 1;
+      w[1] = e->hash;
+      w[2] = hash_name(site_text(*e));
+      const std::string text = describe(*e);
+      std::memcpy(&w[3], text.data(), std::min(text.size(), TextWords * 8 - 1));
+    }
+  }
+  // Call n in words pack_calls wrote, or null when they hold none.
+  template <std::size_t TextWords>
+  static const std::uint64_t* packed_call(const std::uint64_t* words, std::uint64_t n) {
+    const std::uint64_t* w = &words[(n % ring_size) * (3 + TextWords)];
+    return w[0] == n + 1 ? w : nullptr;
+  }
+  template <std::size_t TextWords>
+  static std::string packed_text(const std::uint64_t* w) {
+    const auto* chars = reinterpret_cast<const char*>(&w[3]);
+    return std::string(chars, strnlen(chars, TextWords * 8));
+  }
+
+  // "all_gather<float>[512] #3 at nn/linear.hpp:40 in einsum" (the last two parts of the path)
 
   static std::string describe(const schedule_entry& e) {
     std::ostringstream out;
