@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -83,9 +84,16 @@ inline std::size_t default_hidden(std::size_t width) {
   return (h + 31) / 32 * 32;
 }
 
+// A message from its parts, as an ostream writes them.
+template <class... Parts>
+std::string message(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
 // The options with their defaults resolved, or a zest::shape_error naming the one at fault.
 inline llama_options checked(llama_options o) {
-  using zest::detail::message;
   if (o.hidden == 0) o.hidden = default_hidden(o.width);
   if (o.heads == 0 || o.width % o.heads != 0)
     throw zest::shape_error(
@@ -114,8 +122,9 @@ inline zest::model_shape llama_shape(const llama_options& options, std::size_t t
   const std::size_t w = o.width, d = o.width / o.heads, k = share(o.kv_heads),
                     g = o.heads / o.kv_heads;
   zest::model_shape m{std::move(name), {}};
+  std::string group = o.tied_head ? "embed_head" : "embed";  // as the model's groups
   const auto add = [&](std::string n, std::vector<std::size_t> e) {
-    m.parameters.push_back({std::move(n), std::move(e)});
+    m.parameters.push_back({std::move(n), std::move(e), group});
   };
   const std::size_t hidden = share(o.hidden), vocab = share(o.vocab);
   add("wte", {vocab, w});
@@ -123,6 +132,7 @@ inline zest::model_shape llama_shape(const llama_options& options, std::size_t t
   for (std::size_t l = 0; l < o.layers; ++l) {
     std::string p = "h";  // appended: g++ 12 warns falsely (-Wrestrict) on "h" + ...
     p += std::to_string(l);
+    group = p;
     add(p + ".attn_norm.weight", {w});
     add(p + ".attn.q.weight", {w, k, g, d});
     add(p + ".attn.k.weight", {w, k, d});
@@ -134,6 +144,7 @@ inline zest::model_shape llama_shape(const llama_options& options, std::size_t t
     add(p + ".mlp.down.weight", {hidden, w});
   }
   if (!o.tied_head) {
+    group = "head";
     add("norm_f.weight", {w});
     add("lm_head.weight", {w, vocab});
   }
@@ -309,9 +320,8 @@ class llama {
   auto logits(zest::autodiff::tape& t, const Ids& ids, std::uint64_t seed = 0) const {
     const std::size_t time = ids.extent('t');
     if (time == 0 || time > options_.context) {
-      throw zest::shape_error(zest::detail::message("llama: sequence length ", time,
-                                                    " must be between 1 and the context ",
-                                                    options_.context));
+      throw zest::shape_error(message("llama: sequence length ", time,
+                                      " must be between 1 and the context ", options_.context));
     }
     // Tied: the table's group is in scope from the lookup to the head.
     std::optional<scope_t> embed_scope;
@@ -342,11 +352,7 @@ class llama {
 
   // The parameter list as the planner sees it, read from the engine.
   zest::model_shape shape(std::string name = "llama") const {
-    zest::model_shape m{std::move(name), {}};
-    for (const auto* p : engine_->parameters()) {
-      m.parameters.push_back({p->name(), p->global_extents()});
-    }
-    return m;
+    return zest::shape_of(*engine_, std::move(name));
   }
 
  private:

@@ -303,6 +303,11 @@ inline const std::vector<option>& options() {
                     "ranks compare what they call, so a mismatch is an error naming\n"
                     "the ranks, not wrong numbers or a hang"),
       switch_option("--quiet", &zf::quiet, "no progress output"),
+      switch_option("--explain", &zf::explain,
+                    "print every collective of one training step (per mesh axis:\n"
+                    "kind, calls, bytes), as the planner derives it, and stop;\n"
+                    "the log of a run holds the same inventory beside each step's\n"
+                    "recorded traffic (--arch gpt)"),
   };
   return table;
 }
@@ -426,8 +431,59 @@ zest::report::training_log start_log(const flags& f, std::size_t vocab, const st
   return log;
 }
 
+zest::transformer_config inventory_model(const flags& f, std::size_t vocab) {
+  zest::transformer_config c =
+      zest::gpt_transformer("train_gpt", f.layers, f.width, f.heads, vocab, f.context);
+  c.tied_output = false;  // zest::gpt: lm_head of its own
+  c.fused_qkv = false;    // q, k and v apart
+  c.dropout = f.dropout > 0;
+  if (f.moe) {
+    c.experts = f.experts;
+    c.top_k = static_cast<std::size_t>(f.top_k);
+    c.moe_every = zest::gpt_options{}.moe_every;
+    c.capacity_factor = f.capacity_factor;
+    c.dropless = f.moe_dropless;
+    c.experts_split_over_tp = false;  // the experts see whole sequences on every tp rank
+  }
+  return c;
+}
+
+zest::parallel_layout inventory_layout(const flags& f, mesh_sizes_t sizes) {
+  zest::parallel_layout p;
+  p.dp_replicas = sizes[0];
+  p.dp = sizes[1];
+  p.ep = sizes[2];
+  p.tp = sizes[3];
+  p.sp = sizes[4];
+  p.zero_stage = f.zeropp.empty() ? f.zero : 3;
+  // The tokens are split over tp between its regions (token_layout): Megatron's SP.
+  p.sequence_parallel = sizes[3] > 1;
+  p.recompute = zest::parse_recomputation(f.recompute);
+  p.micro_batch = f.batch / static_cast<std::size_t>(sizes[0] * sizes[1] * sizes[2]);
+  return p;
+}
+
+zest::json::value inventory_json(const zest::step_inventory& inv) {
+  zest::json::object out;
+  if (!inv.not_exact.empty()) out.emplace_back("not_exact", inv.not_exact);
+  zest::json::array lines;
+  for (const auto& l : inv.lines()) {
+    zest::json::object o;
+    o.emplace_back("axis", l.axis);
+    o.emplace_back("kind", std::string(zest::name_of(l.kind)));
+    o.emplace_back("calls", static_cast<std::int64_t>(l.calls));
+    o.emplace_back("bytes", static_cast<std::int64_t>(l.bytes));
+    if (l.data_dependent) o.emplace_back("data_dependent", true);
+    o.emplace_back("what", l.what);
+    lines.emplace_back(std::move(o));
+  }
+  out.emplace_back("lines", std::move(lines));
+  return out;
+}
+
 zest::json::value step_record(std::int64_t step, const zest::train_step_result& r,
-                              double tokens_per_step, bool loss_scaling, const moe_figures* moe) {
+                              std::span<const std::string_view> axes, double tokens_per_step,
+                              bool loss_scaling, const moe_figures* moe) {
   zest::json::object rec;
   rec.emplace_back("step", step + 1);
   rec.emplace_back("loss", r.loss);
@@ -441,6 +497,23 @@ zest::json::value step_record(std::int64_t step, const zest::train_step_result& 
   rec.emplace_back("tokens_per_s", tokens_per_step / r.seconds);
   rec.emplace_back("bytes_sent", static_cast<std::int64_t>(r.traffic.bytes_sent()));
   rec.emplace_back("scalar_bytes_sent", static_cast<std::int64_t>(r.scalar_traffic.bytes_sent()));
+  {
+    zest::json::object traffic;
+    for (std::size_t a = 0; a < r.traffic_by_axis.size() && a < axes.size(); ++a) {
+      zest::json::object kinds;
+      for (std::size_t k = 0; k < zest::collective_kinds; ++k) {
+        const auto& c = r.traffic_by_axis[a].by_kind[k];
+        if (c.calls == 0) continue;
+        zest::json::array figures;
+        figures.emplace_back(static_cast<std::int64_t>(c.calls));
+        figures.emplace_back(static_cast<std::int64_t>(c.bytes_sent));
+        kinds.emplace_back(std::string(zest::name_of(static_cast<zest::collective>(k))),
+                           std::move(figures));
+      }
+      traffic.emplace_back(std::string(axes[a]), std::move(kinds));
+    }
+    rec.emplace_back("traffic", std::move(traffic));
+  }
   rec.emplace_back("peak_bytes", r.peak_bytes);
   if (loss_scaling) rec.emplace_back("loss_scale", static_cast<double>(r.report.loss_scale));
   if (moe) {

@@ -19,6 +19,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -41,6 +42,7 @@
 #include "zest/train/train_step.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/recomputation.hpp"
+#include "zest/zero/step_inventory.hpp"
 
 namespace train_gpt_example {
 
@@ -88,6 +90,7 @@ struct flags {
   std::int64_t print_every = 10;
   bool quiet = false;
   bool checked = false;
+  bool explain = false;  // print the step's collectives (zest::inventory_step) and stop
   // Mixture of experts.
   bool moe = false;
   std::size_t experts = 4;
@@ -280,9 +283,16 @@ zest::report::training_log start_log(const flags& f, std::size_t vocab, const st
                                      std::int64_t model_state_bytes, const memory_need& estimate,
                                      std::int64_t step);
 
+// The collective inventory of a step (zest/zero/step_inventory.hpp) for --arch gpt: the
+// model and layout as the planner sees them, and the lines as the log keeps them.
+zest::transformer_config inventory_model(const flags& f, std::size_t vocab);
+zest::parallel_layout inventory_layout(const flags& f, mesh_sizes_t sizes);
+zest::json::value inventory_json(const zest::step_inventory& inv);
+
 // A step's entry in the log.
 zest::json::value step_record(std::int64_t step, const zest::train_step_result& r,
-                              double tokens_per_step, bool loss_scaling, const moe_figures* moe);
+                              std::span<const std::string_view> axes, double tokens_per_step,
+                              bool loss_scaling, const moe_figures* moe);
 
 // A step's progress line.
 std::string progress_text(const zest::train_step_result& r, double tokens_per_step,
@@ -381,6 +391,30 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   const auto plan = zest::plan_zero<typename P::stage>(
       model.shape(), mesh,
       std::is_same_v<typename P::param_type, float> ? zest::fp32_adam : zest::mixed_precision_adam);
+  // Every collective of a step, derived before the first: --explain prints it, the log keeps
+  // it beside each step's recorded traffic (the check compares them).
+  std::optional<zest::step_inventory> inventory;
+  if constexpr (std::is_same_v<Arch, gpt_arch>) {
+    mesh_sizes_t sizes{1, 1, 1, 1, 1};
+    for (std::size_t a = 0; a < mesh_t::axis_count && a < sizes.size(); ++a)
+      sizes[a] = mesh.size(a);
+    // ZeRO over this rank's blocks over tp and ep (rank 0's: the log is rank 0's).
+    const auto precision = std::is_same_v<typename P::param_type, float>
+                               ? zest::fp32_adam
+                               : zest::mixed_precision_adam;
+    const auto blocks = zest::gpt_shape(Arch::options(f, vocab), static_cast<std::size_t>(sizes[3]),
+                                        static_cast<std::size_t>(sizes[2]));
+    inventory = zest::inventory_step(inventory_model(f, vocab), inventory_layout(f, sizes),
+                                     zest::plan_zero<typename P::stage>(blocks, mesh, precision),
+                                     precision);
+  }
+  if (f.explain) {
+    if (root) {
+      if (inventory) std::cout << *inventory;
+      else std::cout << "--explain: the inventory is derived for --arch gpt only\n";
+    }
+    return 0;
+  }
   const std::string described = mesh.describe();
   std::size_t moe_layers = 0;
   if constexpr (Arch::has_experts) moe_layers = model.moe_layer_count();
@@ -392,6 +426,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   zest::report::training_log log =
       start_log(f, data.vocab_size(), described, params, entropy, model_state_bytes,
                 estimate_memory(f, mesh_sizes(f, mesh.world_size())), step);
+  if (inventory) log.set("inventory", inventory_json(*inventory));
 
   zest::report::progress_line progress(f.steps, (root && !f.quiet) ? stdout : nullptr);
   const double tokens_per_step = static_cast<double>(f.batch * f.context);
@@ -420,7 +455,7 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
       }
     }
     const moe_figures* moe_if = f.moe ? &moe : nullptr;
-    log.add_step(step_record(step, r, tokens_per_step, P::loss_scaling, moe_if));
+    log.add_step(step_record(step, r, mesh.axis_names, tokens_per_step, P::loss_scaling, moe_if));
     // A skipped step always gets its line.
     if (root && !f.quiet &&
         (progress.on_terminal() || (step + 1) % f.print_every == 0 || step + 1 == f.steps ||

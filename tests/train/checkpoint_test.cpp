@@ -16,6 +16,7 @@
 #include "train/training_fixture.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/files.hpp"
+#include "zest/core/json.hpp"
 #include "zest/data/text_dataset.hpp"
 #include "zest/io/checksum.hpp"
 #include "zest/train/checkpoint.hpp"
@@ -209,6 +210,70 @@ TEST_CASE("a checkpoint of another corpus is refused, naming both identities") {
   gpt<loading_policy> model_again(again, small_gpt());
   other_corpus.allow_other_corpus = true;
   CHECK(load_training_state(dir / "ckpt", again, other_corpus).step == 2);
+  CHECK(parameter_values(again) == loaded);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// A model's hyperparameters that no tensor shows (a RoPE base, an eps) travel in the config:
+// given this run's, a load refuses a checkpoint whose config differs, naming the first
+// differing field and both values, and changes nothing; allow_other_config takes it.
+TEST_CASE("a checkpoint of another config is refused, naming the field") {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const auto dir = shared_temp_dir("config");
+  json::value config = json::object{};
+  config["width"] = static_cast<std::int64_t>(small_gpt().width);
+  config["rope_base"] = 10000.0;
+  config["norm"] = json::object{};
+  config["norm"]["eps"] = 1e-5;
+  const auto mesh = make_world_mesh();
+  {
+    zero_engine<loading_policy> engine(mesh, {.seed = 1});
+    gpt<loading_policy> model(engine, small_gpt());
+    (void)train_steps(engine, model, 0, 2);
+    save_training_state(dir / "ckpt", engine, 2, config);
+  }
+  zero_engine<loading_policy> engine(mesh, {.seed = 2});
+  gpt<loading_policy> model(engine, small_gpt());
+  const auto before = parameter_values(engine);
+  const auto refused = [&](const json::value& now) {
+    resume_options o;
+    o.config = now;
+    try {
+      (void)load_training_state(dir / "ckpt", engine, o);
+    } catch (const checkpoint_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  json::value other = config;
+  other["rope_base"] = 500000.0;
+  std::string what = refused(other);
+  CHECK(what.find("field \"rope_base\": saved 10000.0, this run 5e+05") != std::string::npos);
+  CHECK(what.find("allow_other_config") != std::string::npos);
+  other = config;
+  other["norm"]["eps"] = 1e-6;
+  CHECK(refused(other).find("field \"norm.eps\": saved 1e-05, this run 1e-06") !=
+        std::string::npos);
+  other = config;
+  other["dropout"] = 0.1;
+  CHECK(refused(other).find("field \"dropout\": not in the saved config, this run 0.1") !=
+        std::string::npos);
+  CHECK(parameter_values(engine) == before);
+  CHECK(engine.steps_taken() == 0);
+
+  resume_options same;
+  same.config = config;
+  CHECK(load_training_state(dir / "ckpt", engine, same).step == 2);
+  const auto loaded = parameter_values(engine);
+  CHECK(loaded != before);
+  zero_engine<loading_policy> again(mesh, {.seed = 3});
+  gpt<loading_policy> model_again(again, small_gpt());
+  resume_options allowed;
+  allowed.config = other;
+  allowed.allow_other_config = true;
+  CHECK(load_training_state(dir / "ckpt", again, allowed).step == 2);
   CHECK(parameter_values(again) == loaded);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(dir);

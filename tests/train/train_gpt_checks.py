@@ -37,6 +37,15 @@
       ZeRO++ run's final loss (the last 10 steps' mean) within 2 % of ZeRO-3's, under a
       third of its bytes sent per step; the log names the parts; each peak within the
       memory estimated before the run.
+  train_gpt_checks.py inventory --mpiexec MPIEXEC --np-flag FLAG --train-gpt EXE --dir D
+                      --np N -- ARGS...
+      for every parallel shape train_gpt runs on N ranks (data parallel under ZeRO 0-3,
+      hybrid sharding, ZeRO++, tensor and sequence parallel, Ulysses, experts with capacity
+      and dropless, alone and with tp or sp, recomputation), 2 steps with --log: each step's recorded collectives
+      (rank 0's, per mesh axis and kind: calls and bytes) equal the inventory the planner
+      derived before the run (zest::inventory_step, in the log), exactly; dropless experts'
+      all-to-alls in calls, their bytes at most the inventory's; an axis of one rank sends
+      nothing. --explain prints the same inventory without training.
   train_gpt_checks.py trains --dir D -- COMMAND...
       COMMAND (a run with --steps) trains: its applied steps' losses are finite and the last
       ones lower than the first ones.
@@ -463,6 +472,80 @@ def cmd_zeropp(a):
              sent["zeropp"] / sent["zero3"]))
 
 
+# The shapes of the inventory check per number of ranks: train_gpt's flags.
+INVENTORY_SHAPES = {
+    1: [[], ["--moe"]],
+    2: [["--zero", "0"], ["--zero", "1"], ["--zero", "2"], ["--zero", "3"], ["--tp", "2"],
+        ["--sp", "2"], ["--hsdp", "2"], ["--moe", "--ep", "2"], ["--moe", "--tp", "2"],
+        ["--moe", "--sp", "2"],
+        ["--moe", "--ep", "2", "--moe-dropless"], ["--tp", "2", "--recompute", "full"],
+        ["--sp", "2", "--recompute", "selective"]],
+    4: [["--zero", "0"], ["--zero", "3"], ["--zero", "1", "--hsdp", "2"],
+        ["--zero", "2", "--tp", "2"], ["--zero", "3", "--tp", "4"], ["--zero", "3", "--sp", "4"],
+        ["--zero", "3", "--sp", "2", "--tp", "2"], ["--zero", "1", "--sp", "2"],
+        ["--moe", "--ep", "4"], ["--moe", "--ep", "2", "--zero", "2"], ["--moe", "--tp", "2"],
+        ["--moe", "--ep", "4", "--moe-dropless"], ["--zeropp", "hpz,qwz,qgz", "--nodes", "2"],
+        ["--moe", "--sp", "2"], ["--moe", "--sp", "2", "--moe-dropless"],
+        ["--moe", "--tp", "2", "--sp", "2"], ["--zero", "3", "--tp", "2", "--recompute", "full"],
+        ["--zero", "3", "--sp", "2", "--recompute", "full"]],
+}
+
+
+def inventory_differences(j):
+    """Each step's recorded traffic against the log's inventory: a list of differences."""
+    sizes = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", j["run"]["mesh"])}
+    inv = {}
+    for line in j["run"]["inventory"]["lines"]:
+        t = inv.setdefault((line["axis"], line["kind"]), [0, 0, False])
+        t[0] += line["calls"]
+        t[1] += line["bytes"]
+        t[2] = t[2] or line.get("data_dependent", False)
+    bad = []
+    for step in j["steps"]:
+        recorded = {}
+        for axis, kinds in step["traffic"].items():
+            for kind, (calls, sent) in kinds.items():
+                if sizes[axis] > 1:
+                    recorded[(axis, kind)] = (calls, sent)
+                elif sent != 0:
+                    bad.append("step %d: %s %s sent %d bytes over one rank"
+                               % (step["step"], axis, kind, sent))
+        for key in sorted(set(recorded) | set(inv)):
+            r = recorded.get(key, (0, 0))
+            calls, most, varies = inv.get(key, [0, 0, False])
+            if r[0] != calls or (r[1] > most if varies else r[1] != most):
+                bad.append("step %d: %s %s recorded %d calls, %d bytes; inventory %d calls, "
+                           "%s%d bytes" % (step["step"], key[0], key[1], r[0], r[1], calls,
+                                           "at most " if varies else "", most))
+    return bad
+
+
+def cmd_inventory(a):
+    fresh(a.dir)
+    prefix = [a.mpiexec, a.np_flag, str(a.np), a.train_gpt] + a.args
+    for k, shape in enumerate(INVENTORY_SHAPES[a.np]):
+        log = os.path.join(a.dir, "run%d.json" % k)
+        run(prefix + shape + ["--steps", "2", "--log", log, "--quiet"])
+        j = read_log(log)
+        if j["run"]["inventory"].get("not_exact"):
+            fail("%s: the inventory is not exact: %s" % (shape, j["run"]["inventory"]["not_exact"]))
+        bad = inventory_differences(j)
+        if bad:
+            fail("%s (%s): the recorded collectives differ from the inventory:\n  %s"
+                 % (" ".join(shape), j["run"]["mesh"], "\n  ".join(bad[:12])))
+        lines = len(j["run"]["inventory"]["lines"])
+        print("%-40s %-36s %2d lines, recorded = inventory"
+              % (" ".join(shape) or "(defaults)", j["run"]["mesh"], lines))
+    # --explain: the same lines, printed without training.
+    p, _ = run(prefix + INVENTORY_SHAPES[a.np][-1] + ["--explain"])
+    if "collectives of one training step" not in p.stdout:
+        fail("--explain printed no inventory:\n" + p.stdout)
+    for line in j["run"]["inventory"]["lines"]:
+        if line["what"] not in p.stdout:
+            fail("--explain does not print the line %r:\n%s" % (line, p.stdout))
+    print(p.stdout)
+
+
 def cmd_trains(a):
     fresh(a.dir)
     log = os.path.join(a.dir, "run.json")
@@ -494,6 +577,11 @@ def main():
     for o in ("--mpiexec", "--np-flag", "--train-gpt", "--dir"):
         s.add_argument(o, required=True)
     s.add_argument("args", nargs=argparse.REMAINDER)
+    s = sub.add_parser("inventory")
+    for o in ("--mpiexec", "--np-flag", "--train-gpt", "--dir"):
+        s.add_argument(o, required=True)
+    s.add_argument("--np", type=int, required=True, choices=sorted(INVENTORY_SHAPES))
+    s.add_argument("args", nargs=argparse.REMAINDER)
     s = sub.add_parser("ranks")
     for o in ("--mpiexec", "--np-flag", "--train-gpt", "--dir"):
         s.add_argument(o, required=True)
@@ -506,7 +594,8 @@ def main():
             setattr(a, k, getattr(a, k)[1:])
     {"refuse": cmd_refuse, "fp16-skip": cmd_fp16_skip, "diverge": cmd_diverge,
      "steps0": cmd_steps0, "resume": cmd_resume, "ranks": cmd_ranks,
-     "trains": cmd_trains, "recompute": cmd_recompute, "zeropp": cmd_zeropp}[a.mode](a)
+     "trains": cmd_trains, "recompute": cmd_recompute, "zeropp": cmd_zeropp,
+     "inventory": cmd_inventory}[a.mode](a)
 
 
 if __name__ == "__main__":

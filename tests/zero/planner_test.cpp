@@ -197,6 +197,39 @@ TEST_CASE("planner: which collectives each stage sends, per phase") {
   CHECK(z0.memory.optimizer() == k_bytes * psi);
 }
 
+// Calls as the engine issues them: one coalesced collective per group, phase and axis step;
+// the gradients' per bucket of at most bucket_elements (a parameter larger than that a
+// bucket of its own); a parameter without a group alone. Bytes do not depend on grouping.
+TEST_CASE("planner: calls per group and per gradient bucket") {
+  const dp_mesh mesh({4});
+  model_shape m{"grouped", {}};
+  m.parameters = {{"a.w", {64, 8}, "a"}, {"a.b", {8}, "a"}, {"b.w", {64, 8}, "b"},
+                  {"b.v", {64, 8}, "b"}, {"b.b", {8}, "b"}, {"alone", {16}}};
+  model_shape apart = m;
+  for (auto& p : apart.parameters) p.group.clear();
+  const auto calls = [](const zero_plan& z, zero_phase phase, collective k) {
+    return z.of(phase).calls[static_cast<std::size_t>(k)];
+  };
+  using enum collective;
+  const auto z3 = plan_zero<zero_stage<3>>(m, mesh);
+  CHECK(calls(z3, zero_phase::forward_gather, all_gather) == 3);  // groups a, b and the last
+  CHECK(calls(z3, zero_phase::backward_gather, all_gather) == 3);
+  CHECK(calls(z3, zero_phase::gradient_reduction, reduce_scatter) == 3);
+  const auto z3_apart = plan_zero<zero_stage<3>>(apart, mesh);
+  CHECK(calls(z3_apart, zero_phase::forward_gather, all_gather) == 6);
+  CHECK(z3_apart.bytes_sent() == z3.bytes_sent());
+  // Buckets of 600 elements: a's 520 in one; b's 512 + 512 + 8 in two (512 alone, 520).
+  const auto z0 = plan_zero<zero_stage<0>>(m, mesh, mixed_precision_adam, 600);
+  CHECK(calls(z0, zero_phase::gradient_reduction, all_reduce) == 1 + 2 + 1);
+  const auto z0_one = plan_zero<zero_stage<0>>(m, mesh, mixed_precision_adam, 100);
+  CHECK(calls(z0_one, zero_phase::gradient_reduction, all_reduce) == 2 + 3 + 1);
+  CHECK(z0_one.bytes_sent() == z0.bytes_sent());
+  // Stage 1's update gathers per group, its gradients' reduce-scatter per bucket.
+  const auto z1 = plan_zero<zero_stage<1>>(m, mesh, mixed_precision_adam, 100);
+  CHECK(calls(z1, zero_phase::parameter_update, all_gather) == 3);
+  CHECK(calls(z1, zero_phase::gradient_reduction, reduce_scatter) == 6);
+}
+
 TEST_CASE("planner: the ZeRO paper's example, Psi = 7.5B, N_d = 64, K = 12") {
   const dp_mesh mesh({64});
   const auto model = flat_model(7'500'000'000ULL);

@@ -6,10 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <string>
 
 #include "zest/mesh/mesh_shape.hpp"
 #include "zest/zero/cost_model.hpp"
 #include "zest/zero/planner.hpp"
+#include "zest/zero/step_inventory.hpp"
 #include "zest/zero/transformer_plan.hpp"
 
 namespace {
@@ -227,10 +229,12 @@ TEST_CASE("cost model: a data-parallel step by hand") {
   const double flops = 6 * matrices * tokens + 12 * 2 * tokens * 4 * 8;
   CHECK(t.flops == flops);
   CHECK(t.compute_seconds == doctest::Approx(flops / 0.5e9));
-  // One all-reduce of the fp32 gradients per group (2 layers + 1): 2 (n-1)/n x 4 Psi bytes.
+  // One all-reduce of the fp32 gradients per group (the embeddings, 2 layers, the head):
+  // 2 (n-1)/n x 4 Psi bytes.
   const auto psi = static_cast<double>(plan_transformer(c, p).parameter_count);
   CHECK(t.data.bytes_sent == doctest::Approx(4 * psi));
-  CHECK(t.data.seconds == doctest::Approx(3 * 2 * 1e-5 + 4 * psi / 1e8));
+  CHECK(t.data.calls == 4);
+  CHECK(t.data.seconds == doctest::Approx(4 * 2 * 1e-5 + 4 * psi / 1e8));
   CHECK(t.tensor.calls == 0);
   CHECK(t.total_seconds() == doctest::Approx(t.compute_seconds + t.data.seconds));
   CHECK(t.achieved_flops() == doctest::Approx(flops / t.total_seconds()));
@@ -280,9 +284,10 @@ TEST_CASE("cost model: hybrid sharding prices dp and dp_rep on their own links")
   CHECK(t.data.bytes_sent == doctest::Approx(4 * f.elements_sent_shard).epsilon(0.05));
   CHECK(t.replica.bytes_sent == doctest::Approx(4 * f.elements_sent_replica).epsilon(0.05));
   CHECK(f.elements_sent_replica == doctest::Approx(psi / 2));
-  // One all-reduce per group (2 layers + 1) over 2 replicas on the slow link.
-  CHECK(t.replica.calls == 3);
-  CHECK(t.replica.seconds == doctest::Approx(3 * 2 * 1e-5 + t.replica.bytes_sent / 1e8));
+  // One all-reduce per group (the embeddings, 2 layers, the head) over 2 replicas on the
+  // slow link.
+  CHECK(t.replica.calls == 4);
+  CHECK(t.replica.seconds == doctest::Approx(4 * 2 * 1e-5 + t.replica.bytes_sent / 1e8));
   CHECK(t.global_tokens == 2 * 4 * 4);  // 2 sequences of 4 on each of the 4 data ranks
   CHECK(t.communication_seconds() == doctest::Approx(t.data.seconds + t.replica.seconds));
   // The same world as plain ZeRO-3 over dp = 4: all its bytes on the slow link.
@@ -309,9 +314,10 @@ TEST_CASE("cost model: Megatron's tensor-parallel collectives, with and without 
   CHECK(replicated == 2 * (4 * 8 + 2 * 8) + 4 * 8 + 2 * 8);
   // 4 all-reduces per layer + the embedding's and the head's, of b s h bf16 elements (128 B):
   // each sends 2 (n-1)/n x 128 = 128 B; the cross entropy's three of b s bf16 (16 B) send
-  // 16 B; the replicated weights' gradients (norms, row-parallel biases, positions: bf16)
-  // once per step.
-  CHECK(t.tensor.calls == 4 * 2 + 2 + 3 + 1);
+  // 16 B; the loss's gradient (one value, on rank 0: nothing sent); the replicated
+  // weights' gradients (6 per layer: norms, row-parallel biases; the positions and the final
+  // norm's 2: bf16) one all-reduce each, once per step.
+  CHECK(t.tensor.calls == 4 * 2 + 2 + 3 + 1 + (6 * 2 + 1 + 2));
   CHECK(t.tensor.bytes_sent == 10 * 128 + 3 * 16 + replicated * 2);
   // Sequence parallelism: all-gathers + reduce-scatters of the same bytes, plus all-gathers
   // of the ids and targets (b s int32, 32 B: 16 B sent each) and of the position table's
@@ -322,7 +328,7 @@ TEST_CASE("cost model: Megatron's tensor-parallel collectives, with and without 
   // Full recomputation repeats the forward's two per layer.
   p.sequence_parallel = false;
   p.recompute = recomputation::full;
-  CHECK(estimate_step(c, p, cl).tensor.calls == 6 * 2 + 2 + 3 + 1);
+  CHECK(estimate_step(c, p, cl).tensor.calls == 6 * 2 + 2 + 3 + 1 + (6 * 2 + 1 + 2));
 }
 
 TEST_CASE("cost model: the experts' all-to-alls") {
@@ -339,4 +345,56 @@ TEST_CASE("cost model: the experts' all-to-alls") {
   const auto m = plan_transformer(c, p);
   const double dense = static_cast<double>(m.local_parameters - m.local_expert_parameters);
   CHECK(t.expert.bytes_sent == doctest::Approx(4 * 0.75 * 256 + 1.5 * dense * 2));
+}
+
+// The inventory the cost model prices: its lines by hand for Ulysses and for two axes that
+// both make a weight's gradient partial, an axis of one rank without lines, and explain
+// naming every axis, kind and line.
+TEST_CASE("step inventory: Ulysses, two partial axes, and what explain prints") {
+  transformer_config c = tiny(2);  // h = 8, s = 4, 2 heads, vocab 16 (tied)
+  parallel_layout p;
+  p.sp = 2;
+  p.micro_batch = 2;
+  const transformer_memory m = plan_transformer(c, p, fp32_adam);
+  const step_inventory inv = inventory_step(c, p, m.states, fp32_adam);
+  using enum collective;
+  // 8 all-to-alls per layer of this rank's b s h / sp = 32 fp32 values, half of them sent.
+  CHECK(inv.total("sp", all_to_all) == collective_tally{16, 16 * 16 * 4, false});
+  // Every weight's gradient all-reduced over sp (2 (n-1)/n of it: all of it, fp32), and the
+  // position table's gradient gathered whole (s h = 32 values, half sent).
+  std::uint64_t weights = 0;
+  for (const auto& w : place_weights(c, transformer_plan_mesh({1, 1, 1}))) {
+    (void)w;
+    ++weights;
+  }
+  CHECK(inv.total("sp", all_reduce) == collective_tally{weights, m.local_parameters * 4, false});
+  CHECK(inv.total("sp", all_gather) == collective_tally{1, 16 * 4, false});
+  CHECK(inv.total("tp", all_reduce).calls == 0);  // tp has one rank: no line
+  CHECK(inv.bytes() == estimate_step(c, p, cluster{}, fp32_adam).sequence.bytes_sent);
+
+  // tp 2 x sp 2: a weight replicated over both is reduce-scattered over tp (the first axis
+  // after ep), all-reduced as a half over sp, gathered back over tp.
+  c.heads = 4;  // Ulysses needs the heads to divide over sp x tp
+  p.tp = 2;
+  p.sequence_parallel = true;
+  const step_inventory both =
+      inventory_step(c, p, plan_transformer(c, p, fp32_adam).states, fp32_adam);
+  std::uint64_t replicated = 0, pieces = 0, split = 0;
+  for (const auto& w : place_weights(c, transformer_plan_mesh({1, 2, 1}))) {
+    if (w.replicated_over_tp) {
+      ++replicated;
+      pieces += (w.local.elements() + 1) / 2;
+    } else {
+      split += w.local.elements();
+    }
+  }
+  CHECK(replicated == 2 * 6 + 1 + 2);  // norms, row-parallel biases, positions, final norm
+  CHECK(both.total("sp", all_reduce) == collective_tally{weights, (pieces + split) * 4, false});
+  const collective_tally rs = both.total("tp", reduce_scatter);
+  CHECK(rs.calls == 10 + replicated);  // the activations' 4 L + 2, then the weights'
+  const std::string text = both.str();
+  for (const auto& line : both.lines()) CHECK(text.find(line.what) != std::string::npos);
+  CHECK(text.find("  sp\n") != std::string::npos);
+  CHECK(text.find("  tp\n") != std::string::npos);
+  CHECK(text.find("  dp\n") == std::string::npos);
 }

@@ -76,13 +76,15 @@ inline model_shape gpt_shape(const gpt_options& o, std::size_t tp = 1, std::size
   const std::size_t w = o.width, d = w / o.heads, heads = share(o.heads, tp);
   const std::size_t hidden = o.mlp_ratio * w, vocab = share(o.vocab, tp);
   model_shape m{std::move(name), {}};
+  std::string group = "embed";  // the model's groups: the embeddings, each block, the head
   const auto add = [&](std::string n, std::vector<std::size_t> e) {
-    m.parameters.push_back({std::move(n), std::move(e)});
+    m.parameters.push_back({std::move(n), std::move(e), group});
   };
   add("wte", {vocab, w});
   add("wpe", {o.context, w});
   for (std::size_t l = 0; l < o.layers; ++l) {
     const std::string p = detail::message("h", l);
+    group = p;
     add(p + ".ln_1.weight", {w});
     add(p + ".ln_1.bias", {w});
     for (const char* qkv : {".attn.q", ".attn.k", ".attn.v"}) {
@@ -107,6 +109,7 @@ inline model_shape gpt_shape(const gpt_options& o, std::size_t tp = 1, std::size
       add(p + ".mlp.proj.bias", {w});
     }
   }
+  group = "head";
   add("ln_f.weight", {w});
   add("ln_f.bias", {w});
   add("lm_head.weight", {w, vocab});
@@ -310,13 +313,7 @@ class gpt {
 
   // The parameter list as the planner sees it (zest/zero/planner.hpp); gpt_shape gives the
   // same from the options alone.
-  model_shape shape(std::string name = "gpt") const {
-    model_shape m{std::move(name), {}};
-    for (const auto* p : engine_->parameters()) {
-      m.parameters.push_back({p->name(), p->global_extents()});
-    }
-    return m;
-  }
+  model_shape shape(std::string name = "gpt") const { return shape_of(*engine_, std::move(name)); }
 
  private:
   zero_engine<P>* engine_;

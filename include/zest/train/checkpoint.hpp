@@ -11,7 +11,9 @@
 // the corpus identity (text_dataset::identity(): what the token ids mean). A load checks
 // all of it before any tensor changes: a checkpoint of another corpus is refused, naming
 // both identities, unless resume_options::allow_other_corpus says that is meant (say,
-// fine-tuning on another text, accepting that the ids change meaning).
+// fine-tuning on another text, accepting that the ids change meaning); given this run's
+// config (resume_options::config), one that differs is refused naming the first differing
+// field, unless resume_options::allow_other_config.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +47,46 @@ struct resume_options {
   std::string corpus;
   // Load a checkpoint whose corpus identity differs from `corpus` (or that records none).
   bool allow_other_corpus = false;
+  // This run's config, as saved with save_training_state (the model's hyperparameters: what
+  // the tensors' names and extents do not show, a RoPE base, an eps); null: not checked.
+  // A saved config that differs in any field is refused, naming the first such field.
+  json::value config = {};
+  // Load a checkpoint whose config differs from `config` (say, fine-tuning with another
+  // dropout): the caller has looked at the differences and means it.
+  bool allow_other_config = false;
 };
+
+namespace detail {
+
+// The first field in which two configs differ, as `field "a.b": saved X, this run Y`
+// (members in the saved order, then this run's extra ones); empty when they are equal.
+inline std::string config_difference(const json::value& saved, const json::value& now,
+                                     const std::string& at = {}) {
+  const auto name = [&](const std::string& key) { return at.empty() ? key : at + "." + key; };
+  if (saved.is_object() && now.is_object()) {
+    for (const auto& [key, value] : saved.as_object()) {
+      const json::value* other = now.find(key);
+      if (other == nullptr) {
+        return message("field \"", name(key), "\": saved ", json::dump(value),
+                       ", not in this run's config");
+      }
+      std::string d = config_difference(value, *other, name(key));
+      if (!d.empty()) return d;
+    }
+    for (const auto& [key, value] : now.as_object()) {
+      if (saved.find(key) == nullptr) {
+        return message("field \"", name(key), "\": not in the saved config, this run ",
+                       json::dump(value));
+      }
+    }
+    return {};
+  }
+  if (saved == now) return {};
+  return message("field \"", at.empty() ? std::string("(the config)") : at, "\": saved ",
+                 json::dump(saved), ", this run ", json::dump(now));
+}
+
+}  // namespace detail
 
 // `config` is saved as metadata["config"] (e.g. the model's options) for the caller to
 // compare on load; `corpus` (text_dataset::identity()) as metadata["corpus"].
@@ -106,6 +147,17 @@ io::checkpoint_info load_training_state(const std::filesystem::path& dir, zero_e
             ": their byte-to-id mappings differ, so token ids would mean other characters; "
             "resume with the corpus it was trained on, or set "
             "resume_options::allow_other_corpus to load it anyway"));
+      }
+    }
+    if (!options.config.is_null() && !options.allow_other_config) {
+      const json::value* saved = meta.find("config");
+      const std::string d =
+          detail::config_difference(saved == nullptr ? json::value{} : *saved, options.config);
+      if (!d.empty()) {
+        throw checkpoint_error(detail::message(
+            "zest: ", op, ": ", dir, ": the checkpoint's config differs from this run's in ", d,
+            "; load a checkpoint of this model, or set resume_options::allow_other_config to "
+            "load it anyway"));
       }
     }
     if (const json::value* n = meta.find("optimizer_steps")) {

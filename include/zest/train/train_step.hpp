@@ -3,6 +3,7 @@
 //   auto r = zest::train_step(engine, model, inputs, targets, schedule(step), seed);
 //   r.loss;               // the global mean loss (every rank)
 //   r.traffic;            // parameter and gradient collectives of this step (axis counters)
+//   r.traffic_by_axis[a]; // the same, over mesh axis a alone (a step_inventory's "recorded")
 //   r.scalar_traffic;     // loss, norm and agreement reductions (world counter)
 //   r.seconds;            // the whole step: r.forward_seconds + r.backward_seconds +
 //                         // r.update_seconds (and the counters' reads)
@@ -12,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "zest/autodiff/tape.hpp"
 #include "zest/backend/backend.hpp"
@@ -25,8 +27,9 @@ namespace zest {
 struct train_step_result {
   double loss = 0;
   step_report report;
-  comm_stats traffic;         // over the mesh's axis communicators
-  comm_stats scalar_traffic;  // over the world communicator
+  comm_stats traffic;                       // over the mesh's axis communicators
+  std::vector<comm_stats> traffic_by_axis;  // per mesh axis, in the mesh's order
+  comm_stats scalar_traffic;                // over the world communicator
   double seconds = 0;
   // Its parts: forward (to the loss, its all-reduce included), backward (with the gradients'
   // reductions that it overlaps and those it waits for at its end) and the optimizer's update.
@@ -45,6 +48,8 @@ train_step_result train_step(zero_engine<P>& engine, const Model& model, const I
   const user_call user(at);  // the step's collectives name the caller's line
   const auto& mesh = engine.mesh();
   const comm_stats axes_before = mesh.stats();
+  std::vector<comm_stats> by_axis_before;
+  for (std::size_t a = 0; a < mesh.axis_count; ++a) by_axis_before.push_back(mesh.axis(a).stats());
   const comm_stats world_before = mesh.world().stats();
   memory::counters& bytes = backend_of<typename P::mesh_type>::counters();
   bytes.peak.store(bytes.live.load());
@@ -74,6 +79,8 @@ train_step_result train_step(zero_engine<P>& engine, const Model& model, const I
   r.seconds = since(start);
   r.peak_bytes = bytes.peak.load();
   r.traffic = mesh.stats() - axes_before;
+  for (std::size_t a = 0; a < mesh.axis_count; ++a)
+    r.traffic_by_axis.push_back(mesh.axis(a).stats() - by_axis_before[a]);
   r.scalar_traffic = mesh.world().stats() - world_before;
   return r;
 }

@@ -28,28 +28,12 @@
 //             produces (transformer_activation_bytes without recomputation, per micro-batch)
 //             moved `activation_passes` times (3: written in forward, read in backward,
 //             their gradients written; one more under full recomputation) at that bandwidth.
-//   dp_rep    hybrid sharding (parallel_layout::dp_replicas > 1): the replica axis's share of
-//             ZeRO's phases (the all-reduce of each rank's reduced gradient shard) on
-//             cluster::data_replica, the inter-node link; dp's share stays on cluster::data.
-//   dp        ZeRO's collectives from plan_zero's phases (per micro-batch: stage 3's gathers,
-//             stages 2-3's gradient reduce-scatter; per step: stages 0-1's gradient
-//             reduction and 1-2's all-gather of the updated parameters), one coalesced call
-//             per layer (and one for the rest) per phase, as the engine coalesces a group.
-//   tp        per layer and micro-batch 4 all-reduces of b s h activations (attention and MLP,
-//             forward and backward; 2 more under full recomputation), or with sequence
-//             parallelism the same bytes as all-gathers + reduce-scatters; the vocab-parallel
-//             embedding's forward and the head's backward (b s h each) and the cross
-//             entropy's row maxima, sums and target logits (b s each); per step the gradients
-//             of the weights replicated over tp (norms, biases, positions) all-reduced (zest
-//             reduces them also without sequence parallelism: a replicated use has a pending
-//             dual); with sequence parallelism, all-gathers of the ids and targets (int32,
-//             b s each) and of a learned position table's gradient (s h) per micro-batch.
-//             These are the bytes zest's communicators count, but for the loss's one-value
-//             gradient (tests/nn/gpt_tensor_parallel_test.cpp).
-//   ep        per expert layer and micro-batch 4 all-to-alls of the dispatched tokens
-//             (k c b s h; /tp with sequence parallelism; 2 more under full recomputation),
-//             and per step an all-reduce over ep of the gradients of the weights replicated
-//             over ep (every non-expert weight).
+//   collectives  the step's inventory (zest/zero/step_inventory.hpp: ZeRO's phases on the data
+//             axes, Megatron's and Ulysses' activations, the experts' all-to-alls, the
+//             gradients of replicated weights), each line on the link of its axis: dp on
+//             cluster::data, hybrid sharding's replica axis (dp_rep) on cluster::data_replica,
+//             tp, ep and sp on cluster::tensor, ::expert and ::sequence. Its bytes are what
+//             zest's communicators count in a run (tests/train/train_gpt_checks.py).
 // Overlap: none by default (the step is the sum); with `overlap` the communication hides
 // behind compute (the step is the larger of the two).
 #pragma once
@@ -63,6 +47,7 @@
 #include "zest/comm/communicator.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/stage.hpp"
+#include "zest/zero/step_inventory.hpp"
 #include "zest/zero/transformer_plan.hpp"
 
 namespace zest {
@@ -82,6 +67,7 @@ struct cluster {
   axis_link data_replica{};      // hybrid sharding's dp_rep axis (across nodes)
   axis_link tensor{};            // the tp axis
   axis_link expert{};            // the ep axis
+  axis_link sequence{};          // Ulysses' sp axis
 };
 
 // DGX-2 nodes of 16 V100 (32 GB), as in the ZeRO paper's and Turing-NLG's runs: 125 TFLOP/s
@@ -98,6 +84,7 @@ inline cluster dgx2_v100_cluster(double efficiency = 0.4) {
   c.efficiency = efficiency;
   c.tensor = {120e9, 5e-6};
   c.expert = c.tensor;
+  c.sequence = c.tensor;
   c.data = {800e9 / 8 / 16, 20e-6};
   c.data_replica = c.data;
   return c;
@@ -113,6 +100,7 @@ inline cluster dgx_a100_cluster(double efficiency = 0.5) {
   c.efficiency = efficiency;
   c.tensor = {240e9, 5e-6};
   c.expert = c.tensor;
+  c.sequence = c.tensor;
   c.data = {200e9 / 8, 20e-6};
   c.data_replica = c.data;
   return c;
@@ -161,12 +149,12 @@ struct step_estimate {
   double model_flops = 0;      // per GPU, without recomputation
   double compute_seconds = 0;  // the matrix products at efficiency x peak
   double memory_seconds = 0;   // the activations' traffic (cluster::memory_bandwidth)
-  axis_traffic data, replica, tensor, expert;  // replica: hybrid sharding's dp_rep
+  axis_traffic data, replica, tensor, expert, sequence;  // replica: hybrid sharding's dp_rep
   bool overlap = false;
   double global_tokens = 0;  // per step
 
   double communication_seconds() const {
-    return data.seconds + replica.seconds + tensor.seconds + expert.seconds;
+    return data.seconds + replica.seconds + tensor.seconds + expert.seconds + sequence.seconds;
   }
   double total_seconds() const {
     return overlap ? std::max(compute_seconds + memory_seconds, communication_seconds())
@@ -184,7 +172,7 @@ inline step_estimate estimate_step(const transformer_config& c, const parallel_l
   const transformer_memory plan = plan_transformer(c, p, precision);
   step_estimate out;
   out.overlap = overlap;
-  const double t = p.tp;
+  const double t = static_cast<double>(p.tp) * p.sp;  // Ulysses splits the work as tp does
   const double b = static_cast<double>(p.micro_batch), s = static_cast<double>(c.sequence);
   const double h = static_cast<double>(c.hidden), l = static_cast<double>(c.layers);
   const double micro = static_cast<double>(p.accumulation);
@@ -216,60 +204,32 @@ inline step_estimate estimate_step(const transformer_config& c, const parallel_l
     out.memory_seconds = produced * passes / cl.memory_bandwidth;
   }
 
-  // dp (and dp_rep under hybrid sharding): ZeRO's phases, each axis on its own link.
-  const double groups = l + 1;
-  const double e = static_cast<double>(precision.parameter_bytes);
-  for (zero_phase phase : zero_phases) {
-    const phase_traffic& pt = plan.states.of(phase);
-    const bool per_micro = phase == zero_phase::forward_gather ||
-                           phase == zero_phase::backward_gather ||
-                           (phase == zero_phase::gradient_reduction && p.zero_stage >= 2);
-    const double times = per_micro ? micro : 1;
-    for (std::size_t a = 0; a < plan.states.axes.size(); ++a) {
+  // The collectives: the step's inventory (zest/zero/step_inventory.hpp), each line on the
+  // link of its axis.
+  const inventory_axes roles;  // the planner's mesh: "tp", "sp", "ep"
+  const step_inventory inv = inventory_step(c, p, plan.states, precision, roles);
+  for (const inventory_line& line : inv.lines()) {
+    const auto data = std::find(plan.states.axes.begin(), plan.states.axes.end(), line.axis);
+    axis_traffic* on = &out.tensor;
+    const axis_link* link = &cl.tensor;
+    int ranks = p.tp;
+    if (data != plan.states.axes.end()) {
+      const auto a = static_cast<std::size_t>(data - plan.states.axes.begin());
       const bool replica = (plan.states.replica_mask >> a & 1U) != 0;
-      for (std::size_t k = 0; k < collective_kinds; ++k) {
-        if (pt.calls_on[a][k] == 0) continue;
-        (replica ? out.replica : out.data)
-            .add_sent(static_cast<collective>(k), replica ? p.dp_replicas : p.dp,
-                      times * static_cast<double>(pt.bytes_on[a][k]), times * groups,
-                      replica ? cl.data_replica : cl.data);
-      }
+      on = replica ? &out.replica : &out.data;
+      link = replica ? &cl.data_replica : &cl.data;
+      ranks = plan.states.axis_sizes[a];
+    } else if (line.axis == roles.expert) {
+      on = &out.expert;
+      link = &cl.expert;
+      ranks = p.ep;
+    } else if (line.axis == roles.sequence) {
+      on = &out.sequence;
+      link = &cl.sequence;
+      ranks = p.sp;
     }
-  }
-
-  // tp: Megatron's activations, the vocabulary's, and (with SP) the replicated weights'.
-  const double activation = b * s * h * e;
-  const double per_layer = p.recompute == recomputation::full ? 6 : 4;
-  const double calls = per_layer * l * micro + 2 * micro;
-  if (p.sequence_parallel) {
-    out.tensor.add(collective::all_gather, p.tp, activation, calls, cl.tensor);
-    out.tensor.add(collective::reduce_scatter, p.tp, activation, calls, cl.tensor);
-  } else {
-    out.tensor.add(collective::all_reduce, p.tp, activation, calls, cl.tensor);
-  }
-  out.tensor.add(collective::all_reduce, p.tp, b * s * e, 3 * micro, cl.tensor);
-  out.tensor.add(collective::all_reduce, p.tp,
-                 static_cast<double>(plan.tensor_replicated_parameters) *
-                     static_cast<double>(precision.gradient_bytes),
-                 1, cl.tensor);
-  if (p.sequence_parallel) {
-    out.tensor.add(collective::all_gather, p.tp, b * s * 4, 2 * micro, cl.tensor);
-    if (c.position_table)
-      out.tensor.add(collective::all_gather, p.tp,
-                     s * h * static_cast<double>(precision.gradient_bytes), micro, cl.tensor);
-  }
-
-  // ep: the experts' all-to-alls and the replicated weights' gradients.
-  if (c.experts > 0) {
-    const double dispatched = static_cast<double>(c.top_k) * c.capacity_factor * b * s * h * e /
-                              (p.sequence_parallel ? t : 1.0);
-    const double per_moe = p.recompute == recomputation::full ? 6 : 4;
-    out.expert.add(collective::all_to_all, p.ep, dispatched,
-                   per_moe * static_cast<double>(c.moe_layers()) * micro, cl.expert);
-    out.expert.add(collective::all_reduce, p.ep,
-                   static_cast<double>(plan.local_parameters - plan.local_expert_parameters) *
-                       static_cast<double>(precision.gradient_bytes) / groups,
-                   groups, cl.expert);
+    on->add_sent(line.kind, ranks, static_cast<double>(line.bytes), static_cast<double>(line.calls),
+                 *link);
   }
   return out;
 }

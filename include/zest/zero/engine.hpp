@@ -80,11 +80,11 @@
 namespace zest {
 
 struct zero_options {
-  std::uint64_t seed = 1;                  // parameter initialisation
-  std::size_t bucket_elements = 1U << 22;  // gradient collectives: at most this many
-  std::size_t max_live_groups = 2;         // gathered groups at once (stage 3), >= 1
-  bool prefetch = true;                    // gather the next group while this one computes
-  double max_grad_norm = 1.0;              // <= 0: no clipping
+  std::uint64_t seed = 1;                                 // parameter initialisation
+  std::size_t bucket_elements = default_bucket_elements;  // elements per gradient collective
+  std::size_t max_live_groups = 2;                        // gathered groups at once (stage 3), >= 1
+  bool prefetch = true;        // gather the next group while this one computes
+  double max_grad_norm = 1.0;  // <= 0: no clipping
   adamw_config adam{};
   float initial_loss_scale = 65536.0F;   // float16 policies
   std::int64_t loss_scale_window = 200;  // good steps before the scale grows

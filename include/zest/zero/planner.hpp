@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <iomanip>
 #include <ostream>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -71,6 +72,9 @@ inline constexpr training_precision fp32_adam{"fp32 (fp32 Adam)", 4, 4, 0, 8};
 struct parameter_shape {
   std::string name;
   std::vector<std::size_t> extents;
+  // The engine's group it belongs to (a layer, a block): the group's transitions travel as
+  // one collective per axis and step (its gradients per bucket). Empty: a group of its own.
+  std::string group = {};
   std::uint64_t elements() const {
     std::uint64_t n = 1;
     for (auto e : extents) n *= e;
@@ -87,6 +91,18 @@ struct model_shape {
     return n;
   }
 };
+
+// The parameter list of a ZeRO engine (zest/zero/engine.hpp), in its groups: what a model's
+// shape() gives the planner.
+template <class Engine>
+model_shape shape_of(const Engine& engine, std::string name) {
+  model_shape m{std::move(name), {}};
+  for (const auto* p : engine.parameters()) {
+    m.parameters.push_back(
+        {p->name(), p->global_extents(), engine.group_name(engine.group_of(*p))});
+  }
+  return m;
+}
 
 // One parameter of psi elements: the model the ZeRO paper's formulas assume (DeepSpeed
 // flattens a rank's parameters into one buffer before partitioning).
@@ -114,13 +130,15 @@ inline model_shape gpt_model(const gpt_config& c, std::string name = "gpt") {
   model_shape m{std::move(name), {}};
   const std::size_t w = c.width;
   const std::size_t h = c.mlp_ratio * w;
+  std::string group = "embed";  // zest::gpt's groups: the embeddings, each block, the head
   auto add = [&](std::string n, std::vector<std::size_t> e) {
-    m.parameters.push_back({std::move(n), std::move(e)});
+    m.parameters.push_back({std::move(n), std::move(e), group});
   };
   add("wte", {c.vocab, w});
   add("wpe", {c.context, w});
   for (std::size_t l = 0; l < c.layers; ++l) {
     const std::string p = detail::message("h", l, '.');
+    group = detail::message("h", l);
     add(p + "ln_1.weight", {w});
     add(p + "ln_1.bias", {w});
     add(p + "attn.qkv.weight", {w, 3 * w});
@@ -134,6 +152,7 @@ inline model_shape gpt_model(const gpt_config& c, std::string name = "gpt") {
     add(p + "mlp.proj.weight", {h, w});
     add(p + "mlp.proj.bias", {w});
   }
+  group = "head";
   add("ln_f.weight", {w});
   add("ln_f.bias", {w});
   if (!c.tied_output) add("lm_head", {w, c.vocab});
@@ -176,6 +195,7 @@ struct zero_plan {
   std::string model;
   std::string mesh;
   std::vector<std::string> axes;  // the mesh's axis names, in order
+  std::vector<int> axis_sizes;    // their ranks
   unsigned replica_mask = 0;      // the stage's replica axes (bit a: axis a)
   int rank = 0;
   training_precision precision{};
@@ -301,6 +321,14 @@ struct zero_plan {
 
 namespace detail {
 
+// One parameter's collectives in a phase, in order: the kind on the wire and the axis.
+struct collective_step {
+  collective kind;
+  std::uint8_t axis;
+};
+using collective_steps = std::vector<collective_step>;
+using parameter_collectives = std::array<collective_steps, zero_phases.size()>;
+
 // "abc..." — the planner names a parameter's dims by position; split rules choose by
 // position too (split_first_dim, split_last_dim).
 template <std::size_t Rank>
@@ -325,9 +353,10 @@ std::uint64_t axes_size(const Mesh& mesh, const Names& axes) {
 // value: this is compiled once per mesh type, not once per stage and number of dims
 // (bench/README.md, "Compile time and memory").
 template <class Mesh>
-void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const Mesh& mesh,
-                            const zero_layouts& layouts, std::string_view dims, unsigned data_mask,
-                            unsigned replica_mask) {
+parameter_collectives plan_parameter_layouts(zero_plan& plan, const parameter_shape& param,
+                                             const Mesh& mesh, const zero_layouts& layouts,
+                                             std::string_view dims, unsigned data_mask,
+                                             unsigned replica_mask) {
   const std::vector<std::size_t>& global = param.extents;
   const auto coords = mesh.coords();
   auto held = [&](const layout_value& v) -> std::uint64_t {
@@ -348,6 +377,7 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
   const transition_shape shape = zero_transition_shape(dims, global, mesh.sizes(), replica_mask);
   mesh_coords here{};
   for (std::size_t a = 0; a < coords.size(); ++a) here[a] = coords[a];
+  parameter_collectives out;
   for (std::size_t i = 0; i < zero_phases.size(); ++i) {
     const zero_transfer x = transfer_of(layouts, zero_phases[i]);
     const std::size_t element = x.carries_gradient ? pr.gradient_bytes : pr.parameter_bytes;
@@ -364,9 +394,8 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
         const std::uint64_t b = step_wire_bytes(s, v, shape, here, x.wire, element);
         const auto k = static_cast<std::size_t>(
             x.wire.collective_for(s.kind, static_cast<std::size_t>(shape.sizes[s.axis])));
-        t.calls[k] += 1;
+        out[i].push_back({static_cast<collective>(k), s.axis});
         t.bytes_by[k] += b;
-        t.calls_on[s.axis][k] += 1;
         t.bytes_on[s.axis][k] += b;
         t.bytes += b;
         t.elements += step_elements(s, v, shape, here);
@@ -374,28 +403,88 @@ void plan_parameter_layouts(zero_plan& plan, const parameter_shape& param, const
       v = after_step(v, s);
     }
   }
+  return out;
+}
+
+// The calls of one phase for a run of parameters that move together (a group, or one bucket
+// of its gradients): the mover's coalescing (zest/tensor/transition_group.hpp) replayed on
+// their collective steps. Each call takes the first parameter's next step and every other
+// parameter whose next step is the same collective over the same axis.
+inline void count_coalesced(phase_traffic& t, std::span<const collective_steps* const> members) {
+  std::vector<std::size_t> next(members.size(), 0);
+  for (;;) {
+    const collective_step* lead = nullptr;
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      if (next[m] == members[m]->size()) continue;
+      const collective_step& s = (*members[m])[next[m]];
+      if (lead == nullptr) lead = &s;
+      if (s.kind == lead->kind && s.axis == lead->axis) ++next[m];
+    }
+    if (lead == nullptr) return;
+    const auto k = static_cast<std::size_t>(lead->kind);
+    t.calls[k] += 1;
+    t.calls_on[lead->axis][k] += 1;
+  }
 }
 
 template <class Stage, fixed_string Dims, class Mesh>
-void plan_zero_parameter(zero_plan& plan, const parameter_shape& param, const Mesh& mesh) {
+parameter_collectives plan_zero_parameter(zero_plan& plan, const parameter_shape& param,
+                                          const Mesh& mesh) {
   static constexpr zero_layouts layouts = Stage::template layouts<Mesh, Dims>;
-  plan_parameter_layouts(plan, param, mesh, layouts, view_of<Dims>, Stage::template data_mask<Mesh>,
-                         Stage::template replica_mask<Mesh>);
+  return plan_parameter_layouts(plan, param, mesh, layouts, view_of<Dims>,
+                                Stage::template data_mask<Mesh>,
+                                Stage::template replica_mask<Mesh>);
 }
 
 template <class Stage, class Mesh, std::size_t... R>
-void plan_zero_parameter_any_rank(zero_plan& plan, const parameter_shape& param, const Mesh& mesh,
-                                  std::index_sequence<R...>) {
+parameter_collectives plan_zero_parameter_any_rank(zero_plan& plan, const parameter_shape& param,
+                                                   const Mesh& mesh, std::index_sequence<R...>) {
   const std::size_t rank = param.extents.size();
+  parameter_collectives steps;
   const bool planned =
       ((rank == R + 1
-            ? (plan_zero_parameter<Stage, positional_dims<R + 1>()>(plan, param, mesh), true)
+            ? (steps = plan_zero_parameter<Stage, positional_dims<R + 1>()>(plan, param, mesh),
+               true)
             : false) ||
        ...);
   if (!planned) {
     throw shape_error(message("zest: plan_zero: parameter '", param.name, "' has ", rank,
                               " dims; the planner takes 1 to ", max_dims,
                               " (give a scalar the extents {1})"));
+  }
+  return steps;
+}
+
+// The calls of every phase: per group (consecutive parameters of one group name; an unnamed
+// one alone), its gradients' phase per bucket of at most `bucket_elements` elements, as the
+// engine issues them (zero_engine::buckets_of).
+inline void count_group_calls(zero_plan& plan, const model_shape& model,
+                              std::span<const parameter_collectives> steps,
+                              std::size_t bucket_elements) {
+  const auto& ps = model.parameters;
+  std::size_t first = 0;
+  while (first < ps.size()) {
+    std::size_t end = first + 1;
+    if (!ps[first].group.empty()) {
+      while (end < ps.size() && ps[end].group == ps[first].group) ++end;
+    }
+    for (std::size_t i = 0; i < zero_phases.size(); ++i) {
+      const bool bucketed = zero_phases[i] == zero_phase::gradient_reduction;
+      std::size_t from = first;
+      while (from < end) {
+        std::size_t to = from, elements = 0;
+        while (to < end &&
+               (!bucketed || to == from || elements + ps[to].elements() <= bucket_elements)) {
+          elements += ps[to].elements();
+          ++to;
+        }
+        std::vector<const collective_steps*> members;
+        for (std::size_t k = from; k < to; ++k) members.push_back(&steps[k][i]);
+        count_coalesced(plan.traffic[i], members);
+        from = to;
+      }
+    }
+    first = end;
   }
 }
 
@@ -407,12 +496,16 @@ void plan_zero_parameter_any_rank(zero_plan& plan, const parameter_shape& param,
 // With balanced blocks the first ranks hold the most, so rank 0 is the peak of memory.
 template <zero_stage_policy Stage, class Mesh>
 zero_plan plan_zero(const model_shape& model, const Mesh& mesh,
-                    const training_precision& precision = mixed_precision_adam) {
+                    const training_precision& precision = mixed_precision_adam,
+                    std::size_t bucket_elements = default_bucket_elements) {
   zero_plan plan;
   plan.stage = Stage::stage;
   plan.model = model.name;
   plan.mesh = mesh.describe();
-  for (std::string_view name : Mesh::axis_names) plan.axes.emplace_back(name);
+  for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a) {
+    plan.axes.emplace_back(Mesh::axis_names[a]);
+    plan.axis_sizes.push_back(mesh.size(a));
+  }
   plan.replica_mask = Stage::template replica_mask<Mesh>;
   int rank = 0;
   for (std::size_t a = 0; a < Mesh::axis_names.size(); ++a)
@@ -422,10 +515,13 @@ zero_plan plan_zero(const model_shape& model, const Mesh& mesh,
   plan.parameter_count = model.parameter_count();
   plan.data_parallel_size = detail::axes_size(mesh, Stage::shard_axes);
   plan.replica_size = detail::axes_size(mesh, Stage::replica_axes);
+  std::vector<detail::parameter_collectives> steps;
+  steps.reserve(model.parameters.size());
   for (const auto& p : model.parameters) {
-    detail::plan_zero_parameter_any_rank<Stage>(plan, p, mesh,
-                                                std::make_index_sequence<max_dims>{});
+    steps.push_back(detail::plan_zero_parameter_any_rank<Stage>(
+        plan, p, mesh, std::make_index_sequence<max_dims>{}));
   }
+  detail::count_group_calls(plan, model, steps, bucket_elements);
   return plan;
 }
 
@@ -433,9 +529,11 @@ zero_plan plan_zero(const model_shape& model, const Mesh& mesh,
 template <fixed_string DataAxis = "dp", zero_split_rule SplitRule = split_first_dim,
           fixed_string ReplicaAxes = "", class Mesh>
 zero_plan plan_zero(int stage, const model_shape& model, const Mesh& mesh,
-                    const training_precision& precision = mixed_precision_adam) {
-  return with_zero_stage<DataAxis, SplitRule, ReplicaAxes>(
-      stage, [&](auto s) { return plan_zero<decltype(s)>(model, mesh, precision); });
+                    const training_precision& precision = mixed_precision_adam,
+                    std::size_t bucket_elements = default_bucket_elements) {
+  return with_zero_stage<DataAxis, SplitRule, ReplicaAxes>(stage, [&](auto s) {
+    return plan_zero<decltype(s)>(model, mesh, precision, bucket_elements);
+  });
 }
 
 // ---------------------------------------------------------------------------------------

@@ -129,6 +129,10 @@ struct zero_layouts {
 };
 
 // The communicating steps of a training step, in order.
+// The engine's gradient buckets (zero_options::bucket_elements): a group's gradients move in
+// runs of at most this many elements, one collective each.
+inline constexpr std::size_t default_bucket_elements = std::size_t{1} << 22;
+
 enum class zero_phase : std::uint8_t {
   forward_gather,
   backward_gather,

@@ -82,11 +82,16 @@ struct transformer_config {
   bool position_table = true;  // a learned position embedding [s, h] (GPT); rotary has none
   bool tied_output = true;     // the head multiplies by the token table
   bool dropout = true;         // masks kept for backward
+  bool fused_qkv = true;       // one qkv weight (and bias); false: q, k, v apart (zest::gpt)
   // Experts: layers moe_every - 1, 2 moe_every - 1, ... have E experts, top_k of them per token.
   std::size_t experts = 0;
   std::size_t top_k = 2;
   std::size_t moe_every = 2;
   double capacity_factor = 1.0;
+  bool dropless = false;  // every expert takes all its tokens (no capacity)
+  // Experts split over tp on their hidden dim (Megatron); false: whole on each tp rank, which
+  // all see the whole sequence (zest::gpt's moe_layer).
+  bool experts_split_over_tp = true;
   std::size_t expert_hidden = 0;  // 0: ffn_hidden
 
   constexpr std::size_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
@@ -145,12 +150,13 @@ struct parallel_layout {
   int dp_replicas = 1;  // hybrid sharding: replica groups of those dp ranks (dp_rep)
   int tp = 1;
   int ep = 1;
+  int sp = 1;  // Ulysses: the sequence split over sp ranks, exchanged for heads in attention
   int zero_stage = 0;
   bool sequence_parallel = false;
   recomputation recompute = recomputation::none;
   std::size_t micro_batch = 1;   // sequences per micro-batch on each rank of dp x ep
   std::size_t accumulation = 1;  // micro-batches per optimizer step
-  constexpr int world() const { return dp_replicas * dp * tp * ep; }
+  constexpr int world() const { return dp_replicas * dp * tp * ep * sp; }
 };
 
 // The mesh the planner places the weights on: rank (0, 0, 0) holds the largest blocks. It is
@@ -169,14 +175,18 @@ inline void check_transformer(const transformer_config& c, const parallel_layout
   if (c.hidden % c.heads != 0) fail("hidden ", c.hidden, " is not a multiple of heads ", c.heads);
   if (c.kv() > c.heads || c.heads % c.kv() != 0)
     fail("kv heads ", c.kv(), " do not divide heads ", c.heads);
-  if (p.dp < 1 || p.dp_replicas < 1 || p.tp < 1 || p.ep < 1)
-    fail("dp, dp_replicas, tp and ep must be at least 1");
+  if (p.dp < 1 || p.dp_replicas < 1 || p.tp < 1 || p.ep < 1 || p.sp < 1)
+    fail("dp, dp_replicas, tp, ep and sp must be at least 1");
   if (p.zero_stage < 0 || p.zero_stage > 3) fail("ZeRO has stages 0-3, not ", p.zero_stage);
   if (p.micro_batch == 0 || p.accumulation == 0)
     fail("micro-batch and accumulation must be at least 1");
   if (c.heads % static_cast<std::size_t>(p.tp) != 0 || c.kv() % static_cast<std::size_t>(p.tp) != 0)
     fail("tp ", p.tp, " does not divide the heads (", c.heads, ", kv heads ", c.kv(),
          "): Megatron splits attention by heads");
+  if (p.sp > 1 && (c.heads % static_cast<std::size_t>(p.sp * p.tp) != 0 ||
+                   c.sequence % static_cast<std::size_t>(p.sp * p.tp) != 0))
+    fail("sp ", p.sp, " x tp ", p.tp, " does not divide the heads (", c.heads,
+         ") and the sequence (", c.sequence, "): Ulysses exchanges the one for the other");
   if (p.sequence_parallel && p.tp < 2)
     fail("sequence parallelism splits over the tensor-parallel ranks: it needs tp >= 2");
   if (c.experts > 0) {
@@ -206,7 +216,10 @@ struct placed_weight {
   parameter_shape global;
   parameter_shape local;  // this GPU's block over tp and ep (dp is ZeRO's)
   weight_kind kind = weight_kind::tensor_split;
-  bool matmul = false;  // multiplied with every token (the head's table too)
+  bool matmul = false;              // multiplied with every token (the head's table too)
+  bool replicated_over_tp = false;  // whole on every tp rank: its gradient is partial over tp
+  int tp_dim = -1;                  // the dim split over tp (-1: none)
+  int ep_dim = -1;                  // the dim split over ep (-1: none)
 };
 
 namespace detail {
@@ -216,7 +229,7 @@ inline constexpr layout_value weight_layout = layout_value_of<transformer_plan_m
 
 inline parameter_shape local_block(const parameter_shape& global, const layout_value& v,
                                    std::string_view dims, const transformer_plan_mesh& mesh) {
-  parameter_shape local{global.name, global.extents};
+  parameter_shape local{global.name, global.extents, global.group};
   for (std::size_t i = 0; i < dims.size() && i < global.extents.size(); ++i)
     local.extents[i] = dim_range(v, dims[i], global.extents[i], mesh.sizes(), mesh.coords()).size;
   return local;
@@ -242,13 +255,23 @@ inline std::vector<placed_weight> place_weights(const transformer_config& c,
   constexpr layout_value expert_vector_split =
       weight_layout<"en", layout<split<'e', "ep">, split<'n', "tp">>>;
   constexpr layout_value expert_vector = weight_layout<"en", layout<split<'e', "ep">>>;
+  constexpr layout_value expert_matrix = weight_layout<"emn", layout<split<'e', "ep">>>;
+  constexpr layout_value heads_parallel = weight_layout<"mnd", layout<split<'n', "tp">>>;
+  constexpr layout_value heads_vector = weight_layout<"nd", layout<split<'n', "tp">>>;
+  constexpr layout_value heads_row = weight_layout<"ndm", layout<split<'n', "tp">>>;
+  const bool experts_tp = c.experts_split_over_tp;
 
   std::vector<placed_weight> out;
+  std::string group = "embed";  // as zest::gpt groups them: the embeddings, each layer, the head
   auto add = [&](std::string name, std::vector<std::size_t> extents, const layout_value& v,
                  std::string_view dims, weight_kind kind, bool matmul = false) {
-    parameter_shape g{std::move(name), std::move(extents)};
+    parameter_shape g{std::move(name), std::move(extents), group};
     parameter_shape l = detail::local_block(g, v, dims, mesh);
-    out.push_back({std::move(g), std::move(l), kind, matmul});
+    const auto split_dim = [&](std::size_t axis) {
+      return v.is_split(axis) ? static_cast<int>(dims.find(v.axes[axis].dim)) : -1;
+    };
+    const int tp_dim = split_dim(1), ep_dim = split_dim(2);  // transformer_plan_mesh's axes
+    out.push_back({std::move(g), std::move(l), kind, matmul, tp_dim < 0, tp_dim, ep_dim});
   };
   using enum weight_kind;
   const std::size_t h = c.hidden, f = c.ffn(), fe = c.expert_ffn(), e = c.experts;
@@ -263,18 +286,36 @@ inline std::vector<placed_weight> place_weights(const transformer_config& c,
   for (std::size_t l = 0; l < c.layers; ++l) {
     std::string p = "h";
     p += std::to_string(l);
+    group = p;
     p += '.';
     norm(p + "norm_1");
-    add(p + "attn.qkv.weight", {h, c.qkv_width()}, column_parallel, "mn", tensor_split, true);
-    if (c.biases) add(p + "attn.qkv.bias", {c.qkv_width()}, vector_split, "n", tensor_split);
-    add(p + "attn.proj.weight", {h, h}, row_parallel, "mn", tensor_split, true);
+    if (c.fused_qkv) {
+      add(p + "attn.qkv.weight", {h, c.qkv_width()}, column_parallel, "mn", tensor_split, true);
+      if (c.biases) add(p + "attn.qkv.bias", {c.qkv_width()}, vector_split, "n", tensor_split);
+      add(p + "attn.proj.weight", {h, h}, row_parallel, "mn", tensor_split, true);
+    } else {
+      // zest::gpt's: q, k, v [m, heads, d] split over tp on the heads, the projection
+      // [heads, d, m]; each bias [heads, d].
+      const std::size_t d = c.head_dim();
+      for (const auto& [part, heads] : {std::pair<const char*, std::size_t>{"attn.q", c.heads},
+                                        {"attn.k", c.kv()},
+                                        {"attn.v", c.kv()}}) {
+        add(p + part + ".weight", {h, heads, d}, heads_parallel, "mnd", tensor_split, true);
+        if (c.biases) add(p + part + ".bias", {heads, d}, heads_vector, "nd", tensor_split);
+      }
+      add(p + "attn.proj.weight", {c.heads, d, h}, heads_row, "ndm", tensor_split, true);
+    }
     if (c.biases) add(p + "attn.proj.bias", {h}, vector_replicated, "n", tensor_replicated);
     norm(p + "norm_2");
     if (c.is_moe(l)) {
       add(p + "moe.router", {h, e}, matrix_replicated, "mn", tensor_replicated);
-      add(p + "moe.fc.weight", {e, h, expert_up}, expert_column, "emn", expert, true);
-      if (c.biases) add(p + "moe.fc.bias", {e, expert_up}, expert_vector_split, "en", expert);
-      add(p + "moe.proj.weight", {e, fe, h}, expert_row, "emn", expert, true);
+      add(p + "moe.fc.weight", {e, h, expert_up}, experts_tp ? expert_column : expert_matrix, "emn",
+          expert, true);
+      if (c.biases)
+        add(p + "moe.fc.bias", {e, expert_up}, experts_tp ? expert_vector_split : expert_vector,
+            "en", expert);
+      add(p + "moe.proj.weight", {e, fe, h}, experts_tp ? expert_row : expert_matrix, "emn", expert,
+          true);
       if (c.biases) add(p + "moe.proj.bias", {e, h}, expert_vector, "en", expert);
     } else {
       add(p + "mlp.fc.weight", {h, up}, column_parallel, "mn", tensor_split, true);
@@ -283,6 +324,7 @@ inline std::vector<placed_weight> place_weights(const transformer_config& c,
       if (c.biases) add(p + "mlp.proj.bias", {h}, vector_replicated, "n", tensor_replicated);
     }
   }
+  group = "head";
   norm("norm_f");
   if (!c.tied_output) add("lm_head", {h, c.vocab}, head_parallel, "mv", tensor_split, true);
   return out;
