@@ -404,9 +404,21 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
                                : zest::mixed_precision_adam;
     const auto blocks = zest::gpt_shape(Arch::options(f, vocab), static_cast<std::size_t>(sizes[3]),
                                         static_cast<std::size_t>(sizes[2]));
-    inventory = zest::inventory_step(inventory_model(f, vocab), inventory_layout(f, sizes),
-                                     zest::plan_zero<typename P::stage>(blocks, mesh, precision),
-                                     precision);
+    // The collectives' element sizes are the tape's, float whatever the policy.
+    try {
+      inventory = zest::inventory_step(inventory_model(f, vocab), inventory_layout(f, sizes),
+                                       zest::plan_zero<typename P::stage>(blocks, mesh, precision),
+                                       zest::fp32_adam);
+      const auto data_ranks = static_cast<std::size_t>(sizes[0] * sizes[1] * sizes[2]);
+      if (f.batch % data_ranks != 0 && inventory->not_exact.empty())
+        inventory->not_exact = "the batch does not divide over the data ranks";
+    } catch (const zest::shape_error& e) {
+      // A shape the run takes (uneven heads or sequence blocks) that the planner does not.
+      inventory.emplace();
+      inventory->model = "train_gpt";
+      inventory->mesh = mesh.describe();
+      inventory->not_exact = e.what();
+    }
   }
   if (f.explain) {
     if (root) {

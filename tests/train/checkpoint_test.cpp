@@ -233,6 +233,7 @@ TEST_CASE("a checkpoint of another config is refused, naming the field") {
     gpt<loading_policy> model(engine, small_gpt());
     (void)train_steps(engine, model, 0, 2);
     save_training_state(dir / "ckpt", engine, 2, config);
+    save_training_state(dir / "bare", engine, 2);
   }
   zero_engine<loading_policy> engine(mesh, {.seed = 2});
   gpt<loading_policy> model(engine, small_gpt());
@@ -256,10 +257,36 @@ TEST_CASE("a checkpoint of another config is refused, naming the field") {
   other["norm"]["eps"] = 1e-6;
   CHECK(refused(other).find("field \"norm.eps\": saved 1e-05, this run 1e-06") !=
         std::string::npos);
+  // A config that also changes the tensors (a wider model) is named by its field, not by
+  // the tensors' extents; a checkpoint saved without a config says so.
+  {
+    gpt_options wider = small_gpt();
+    wider.width *= 2;
+    zero_engine<loading_policy> wide_engine(mesh, {.seed = 4});
+    gpt<loading_policy> wide_model(wide_engine, wider);
+    resume_options o;
+    o.config = config;
+    o.config["width"] = static_cast<std::int64_t>(wider.width);
+    std::string why;
+    try {
+      (void)load_training_state(dir / "ckpt", wide_engine, o);
+    } catch (const checkpoint_error& e) {
+      why = e.what();
+    }
+    CHECK(why.find("field \"width\": saved 32, this run 64") != std::string::npos);
+  }
   other = config;
   other["dropout"] = 0.1;
   CHECK(refused(other).find("field \"dropout\": not in the saved config, this run 0.1") !=
         std::string::npos);
+  resume_options bare;
+  bare.config = config;
+  try {
+    (void)load_training_state(dir / "bare", engine, bare);
+    FAIL("a checkpoint without a config loaded though this run gives one");
+  } catch (const checkpoint_error& e) {
+    CHECK(std::string(e.what()).find("records no config") != std::string::npos);
+  }
   CHECK(parameter_values(engine) == before);
   CHECK(engine.steps_taken() == 0);
 

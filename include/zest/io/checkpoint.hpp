@@ -354,9 +354,11 @@ checkpoint_info load_checkpoint(const std::filesystem::path& dir, const Mesh& me
   d::agree(
       world, d::attempt(op, [&] {
         m = d::manifest_reader(std::string(op), (dir / manifest_file_name).string()).read(text);
+        // The caller's checks of the metadata first: they say why a model differs (its
+        // config) where the tensors would only say that it does.
+        if (accept) accept(m.info);
         sources = d::match_targets(op, dir, m, tensors);
         tasks = d::plan_reads(op, tensors, sources);
-        if (accept) accept(m.info);
       }));
 
   // 3. Read, verify and stage this rank's parts, file by file in file order.

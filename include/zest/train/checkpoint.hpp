@@ -126,6 +126,27 @@ io::checkpoint_info load_training_state(const std::filesystem::path& dir, zero_e
   const auto records = training_state_records(engine);
   std::int64_t steps = engine.steps_taken();
   auto scaler = engine.loss_scaler().state();
+  // The config (load_checkpoint runs `accept` before it matches the tensors: a model that
+  // differs in width or layers is refused by the field that says why, not by an extent).
+  const auto check_config = [&](const json::value& meta) {
+    if (options.config.is_null() || options.allow_other_config) return;
+    const json::value* saved = meta.find("config");
+    if (saved == nullptr || saved->is_null()) {
+      throw checkpoint_error(
+          detail::message("zest: ", op, ": ", dir,
+                          ": the checkpoint records no config (saved without one), "
+                          "this run's is ",
+                          json::dump(options.config),
+                          "; set resume_options::allow_other_config to load it anyway"));
+    }
+    const std::string d = detail::config_difference(*saved, options.config);
+    if (!d.empty()) {
+      throw checkpoint_error(detail::message(
+          "zest: ", op, ": ", dir, ": the checkpoint's config differs from this run's in ", d,
+          "; load a checkpoint of this model, or set resume_options::allow_other_config to "
+          "load it anyway"));
+    }
+  };
   auto accept = [&](const io::checkpoint_info& info) {
     const json::value& meta = info.metadata;
     auto bad = [&](std::string_view field, std::string_view why) {
@@ -149,17 +170,7 @@ io::checkpoint_info load_training_state(const std::filesystem::path& dir, zero_e
             "resume_options::allow_other_corpus to load it anyway"));
       }
     }
-    if (!options.config.is_null() && !options.allow_other_config) {
-      const json::value* saved = meta.find("config");
-      const std::string d =
-          detail::config_difference(saved == nullptr ? json::value{} : *saved, options.config);
-      if (!d.empty()) {
-        throw checkpoint_error(detail::message(
-            "zest: ", op, ": ", dir, ": the checkpoint's config differs from this run's in ", d,
-            "; load a checkpoint of this model, or set resume_options::allow_other_config to "
-            "load it anyway"));
-      }
-    }
+    check_config(meta);
     if (const json::value* n = meta.find("optimizer_steps")) {
       if (!n->is_integer() || n->as_int() < 0) bad("optimizer_steps", "is not a count");
       steps = n->as_int();

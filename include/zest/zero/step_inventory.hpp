@@ -25,15 +25,15 @@
 //              parallelism each becomes an all-gather and a reduce-scatter of A, and the ids
 //              and targets (int32, R each) and the position table's gradient (s h) are
 //              all-gathered. The cross entropy's row maxima, sums and target logits (3 x R),
-//              the loss's gradient (one value), and per step one all-reduce of each weight
-//              replicated over tp (norms, row-parallel biases, positions, the router).
+//              the loss's gradient (one value), and per micro-batch one all-reduce of each
+//              weight replicated over tp (norms, row-parallel biases, positions, the router).
 //   sequence   Ulysses: per layer and micro-batch 8 all-to-alls (q, k, v and the output,
 //              forward and backward; 4 more under full recomputation) of A / (sp tp); per
-//              step one all-reduce of every weight's gradient (the sequence is data to the
-//              weights) and an all-gather of the position table's (s h).
+//              micro-batch one all-reduce of every weight's gradient (the sequence is data
+//              to the weights) and an all-gather of the position table's (s h).
 //   expert     per expert layer and micro-batch 4 all-to-alls (dispatch and combine, forward
-//              and backward; 2 more under full recomputation) of E C h (C the capacity of
-//              this rank's tokens); dropless, an all-to-all of the E counts (int64) and 4 per
+//              and backward; 2 more under full recomputation) of E b C h (C the capacity of
+//              a sequence, the routing's group); dropless, an all-to-all of the E counts (int64) and 4 per
 //              expert of this rank, whose bytes follow the routing (the line's bytes are the
 //              most they can be).
 //   weights    a weight's gradient is partial over each axis it is replicated on while the
@@ -201,8 +201,12 @@ constexpr std::uint64_t all_reduced_bytes(std::uint64_t whole, int n, std::uint6
 // The collectives of one optimizer step (p.accumulation micro-batches of p.micro_batch
 // sequences on each data rank) of model `c` laid out as `p`, for the rank the ZeRO plan
 // `states` was made for (its mesh, stage and blocks: plan_zero on the run's own mesh and
-// model shape, or plan_transformer's). Activation collectives in `e` = precision's
-// parameter bytes; the cross entropy's statistics and the ids in fp32 and int32.
+// model shape, or plan_transformer's). `precision` gives the element sizes of what the
+// activation collectives move (parameter_bytes: activations, the cross entropy's
+// statistics) and of the weights' gradients on the tape (gradient_bytes); zest's tape holds
+// float whatever the policy, so a zest run's inventory takes fp32_adam here (the ZeRO plan
+// keeps the run's own precision), while the planner's GPU model keeps 2-byte activations.
+// Sequences split unevenly over tp or sp are not derived (not_exact).
 inline step_inventory inventory_step(const transformer_config& c, const parallel_layout& p,
                                      const zero_plan& states,
                                      const training_precision& precision = mixed_precision_adam,
@@ -218,6 +222,11 @@ inline step_inventory inventory_step(const transformer_config& c, const parallel
   const std::uint64_t L = c.layers, h = c.hidden, s = c.sequence, b = p.micro_batch;
   const std::uint64_t rows = b * s, A = rows * h;
   const bool full = p.recompute == recomputation::full;
+  const auto seq_ranks = static_cast<std::uint64_t>((p.sequence_parallel ? p.tp : 1) * p.sp);
+  if (s % seq_ranks != 0) {
+    inv.not_exact = detail::message("the sequence (", s, ") does not divide over the ", seq_ranks,
+                                    " ranks that split it: uneven blocks are not derived");
+  }
 
   // Data axes: ZeRO's phases.
   for (zero_phase phase : zero_phases) {
@@ -337,7 +346,7 @@ inline step_inventory inventory_step(const transformer_config& c, const parallel
     if (!any) continue;
     std::string dims;
     for (std::size_t i = 0; i < w.global.extents.size(); ++i) dims += static_cast<char>('a' + i);
-    plan_into(summed, own, make_transition_shape(dims, w.global.extents, mesh_sizes), 1, g);
+    plan_into(summed, own, make_transition_shape(dims, w.global.extents, mesh_sizes), micro, g);
   }
   add_tally("gradients of the weights replicated over it (each weight's plan)");
   if (p.sequence_parallel && c.position_table) {
@@ -394,6 +403,7 @@ inline step_inventory inventory_step(const transformer_config& c, const parallel
     }
     const std::uint64_t E = c.experts, moe = c.moe_layers();
     const std::uint64_t tokens = rows, local = E / static_cast<std::uint64_t>(p.ep);
+    // Each sequence is a group of the routing (its capacity counted over its s tokens).
     if (c.dropless) {
       inv.add(ep, p.ep, all_to_all, moe * micro, moe * micro * detail::gathered_bytes(E, p.ep, 8),
               "dropless: tokens per expert (int64)");
@@ -404,11 +414,10 @@ inline step_inventory inventory_step(const transformer_config& c, const parallel
       inv.add(ep, p.ep, all_to_all, calls, calls * most,
               "dropless: the routed tokens and their weights, out and back", true);
     } else {
-      const std::uint64_t C =
-          expert_capacity(tokens, E, static_cast<int>(c.top_k), c.capacity_factor);
+      const std::uint64_t C = expert_capacity(s, E, static_cast<int>(c.top_k), c.capacity_factor);
       const std::uint64_t calls = (4 + (full ? 2 : 0)) * moe * micro;
-      inv.add(ep, p.ep, all_to_all, calls, calls * detail::gathered_bytes(E * C * h, p.ep, e),
-              "dispatch and combine of E x C slots (forward and backward)");
+      inv.add(ep, p.ep, all_to_all, calls, calls * detail::gathered_bytes(E * b * C * h, p.ep, e),
+              "dispatch and combine of E x C slots per sequence (forward and backward)");
     }
   }
   return inv;
