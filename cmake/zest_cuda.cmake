@@ -2,6 +2,8 @@
 #
 # Included by the top-level CMakeLists.txt when ZEST_CUDA is ON. Defines:
 #   zest::cuda            INTERFACE target: zest::zest + CUDA::cudart + CUDA::cublas + NCCL
+#   zest::cuda_kernels    zest::cuda + the kernels of zest/cuda_kernels.cu, built once, for
+#                         programs whose host-compiled TUs drive them
 #   ZEST_CUDA_READY       TRUE when the CUDA toolkit and NCCL were both found
 # CMAKE_CUDA_ARCHITECTURES defaults to 90 (Hopper: H100, H200); override it, e.g. with
 # -DCMAKE_CUDA_ARCHITECTURES=native on a machine with a GPU, or "80;90" for several.
@@ -57,6 +59,17 @@ if(CUDAToolkit_FOUND AND TARGET CUDA::cublas AND ZEST_NCCL_INCLUDE_DIR AND ZEST_
     # constexpr host functions: bfloat16/float16 conversions, splitmix64, std::min.
     target_compile_options(zest_cuda INTERFACE
       $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
+  endif()
+  # zest::cuda_kernels: zest::cuda plus zest/cuda_kernels.cu compiled once (an object library
+  # that each program linking it gets), so that translation units compiled by the host
+  # compiler may drive the fixed kernels (zest/cuda_kernels.cu says which).
+  if(NOT TARGET zest_cuda_kernels)
+    add_library(zest_cuda_kernels OBJECT "${PROJECT_SOURCE_DIR}/include/zest/cuda_kernels.cu")
+    add_library(zest::cuda_kernels ALIAS zest_cuda_kernels)
+    target_link_libraries(zest_cuda_kernels PUBLIC zest::cuda)
+    target_compile_definitions(zest_cuda_kernels INTERFACE ZEST_CUDA_PREBUILT_KERNELS)
+    # Eigen's __host__ __device__ defaults (20012, 20013, 20015), unsigned compared with 0 (186).
+    target_compile_options(zest_cuda_kernels PRIVATE -diag-suppress=186,20012,20013,20015)
   endif()
   set(ZEST_CUDA_READY TRUE)
   message(STATUS "zest: GPU targets for CUDA ${CUDAToolkit_VERSION}, architectures "

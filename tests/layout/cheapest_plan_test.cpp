@@ -72,7 +72,7 @@ struct setting {
   transition_shape shape() const { return make_transition_shape(dims, extents, sizes); }
 };
 
-std::size_t splits_of(const layout_value& v, char d) {
+std::size_t splits_of(layout_value v, char d) {
   std::size_t k = 0;
   for (std::size_t a = 0; a < v.axis_count; ++a)
     k += (v.axes[a].kind == placement_kind::split && v.axes[a].dim == d) ? 1 : 0;
@@ -80,7 +80,7 @@ std::size_t splits_of(const layout_value& v, char d) {
 }
 
 // A layout is well formed when each split dim's axes have the orders 0..k-1 once each.
-bool well_formed(const layout_value& v, std::string_view dims) {
+bool well_formed(layout_value v, std::string_view dims) {
   for (std::size_t a = 0; a < v.axis_count; ++a) {
     const auto& p = v.axes[a];
     if (p.kind == placement_kind::split) {
@@ -146,8 +146,7 @@ std::vector<layout_value> all_layouts(std::string_view dims, std::size_t axes) {
 // Whether step s may be taken from v (the steps of the transition table in
 // docs/design-notes.md, with nesting), and the layout it leads to. Written from the rules,
 // not from the planner's code.
-bool try_step(const layout_value& v, const transition_step& s, std::string_view dims,
-              layout_value& next) {
+bool try_step(layout_value v, const transition_step& s, std::string_view dims, layout_value& next) {
   if (s.axis >= v.axis_count) return false;
   const auto& p = v.axes[s.axis];
   const bool known_dim = s.dim != 0 && dims.find(s.dim) != std::string_view::npos;
@@ -189,7 +188,7 @@ bool try_step(const layout_value& v, const transition_step& s, std::string_view 
 }
 
 // Every step valid from v, found by trying every (kind, axis, dim, to_dim).
-std::vector<std::pair<transition_step, layout_value>> steps_from(const layout_value& v,
+std::vector<std::pair<transition_step, layout_value>> steps_from(layout_value v,
                                                                  std::string_view dims) {
   std::vector<std::pair<transition_step, layout_value>> out;
   const step_kind kinds[] = {step_kind::all_gather, step_kind::reduce_scatter,
@@ -209,7 +208,7 @@ std::vector<std::pair<transition_step, layout_value>> steps_from(const layout_va
 }
 
 // The most that any rank sends in step s from v: every rank of the mesh priced.
-std::uint64_t worst_rank(const transition_step& s, const layout_value& v, const setting& st,
+std::uint64_t worst_rank(const transition_step& s, layout_value v, const setting& st,
                          const transition_shape& sh) {
   if (!is_collective(s.kind)) return 0;
   std::size_t ranks = 1;
@@ -251,7 +250,7 @@ struct graph {
   std::size_t step_cost_mismatches = 0;  // planner's shortcut vs every rank
 };
 
-std::uint64_t key_of(const layout_value& v) {
+std::uint64_t key_of(layout_value v) {
   std::uint64_t k = 0;
   for (std::size_t a = 0; a < v.axis_count; ++a)
     k = (k << 12U) | (static_cast<std::uint64_t>(v.axes[a].kind) << 10U) |
@@ -310,7 +309,7 @@ void enumerate(const graph& g, std::size_t at, price paid, int depth, std::vecto
 }
 
 // Checks a plan against the independent model: valid steps, ends at `to`; returns its price.
-bool replay(const transition_plan& plan, layout_value v, const layout_value& to, const setting& st,
+bool replay(const transition_plan& plan, layout_value v, layout_value to, const setting& st,
             const transition_shape& sh, price& cost) {
   cost = {};
   for (const auto& s : plan) {
@@ -354,8 +353,8 @@ void check_setting(const setting& st, tally& t, std::size_t source_stride = 1,
       CHECK(seen == best);
     }
     for (std::size_t j = 0; j < g.layouts.size(); ++j) {
-      const layout_value& from = g.layouts[i];
-      const layout_value& to = g.layouts[j];
+      layout_value from = g.layouts[i];
+      layout_value to = g.layouts[j];
       ++t.pairs;
       const transition_plan plan = cheapest_plan(from, to, sh);
       const transition_plan fixed = fixed_order_plan(from, to);

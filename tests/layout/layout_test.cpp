@@ -129,7 +129,7 @@ static_assert(axis_placement{}.kind == placement_kind::replicate);
 
 // Every layout of up to 6 axes over dims "aZ": its key gives it back, and distinct layouts
 // have distinct keys. Enumerated at run time, compared with the constexpr functions.
-void each_layout(std::size_t axes, const std::function<void(const layout_value&)>& f) {
+void each_layout(std::size_t axes, const std::function<void(layout_value)>& f) {
   const axis_placement options[] = {{placement_kind::replicate, 0, 0},
                                     {placement_kind::partial, 0, 0},
                                     {placement_kind::split, 'a', 0},
@@ -159,7 +159,7 @@ TEST_CASE("a layout's key gives it back, and distinct layouts have distinct keys
   for (std::size_t axes = 1; axes <= max_axes; ++axes) {
     std::set<std::uint64_t> keys;
     std::size_t count = 0;
-    each_layout(axes, [&](const layout_value& v) {
+    each_layout(axes, [&](layout_value v) {
       const layout_key k = v;
       CHECK(to_layout(k) == v);
       keys.insert(static_cast<std::uint64_t>(k));
@@ -188,7 +188,7 @@ TEST_CASE("X::layout read at run time equals the compile-time value") {
                            layout_value_of<m3, "Jg", layout<split<'g', "x">, split<'J', "z">>>>;
   using v_t = basic_tensor<float, m3, "v", replicated_layout(3)>;
   // Through a volatile copy, so the compiler reads the emitted constants.
-  const auto read = [](const layout_value& v) {
+  const auto read = [](layout_value v) {
     volatile std::uint8_t bytes[sizeof(layout_value)];
     const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
     for (std::size_t i = 0; i < sizeof(layout_value); ++i) bytes[i] = p[i];

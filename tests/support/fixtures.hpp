@@ -76,7 +76,7 @@ double spread_at(const std::array<std::size_t, Rank>& i) {
 // Fills a shard for layout v so that the global value is value_at(index): on partial axes
 // each rank holds a different summand (value / n_partial + (c - mid) * spread), which sum to it.
 template <class T, fixed_string Dims, class Mesh, std::size_t Rank>
-std::vector<T> make_shard(const layout_value& v, const std::array<std::size_t, Rank>& global,
+std::vector<T> make_shard(layout_value v, const std::array<std::size_t, Rank>& global,
                           const Mesh& mesh, std::uint32_t salt,
                           std::array<std::size_t, Rank>* local_out = nullptr) {
   std::array<std::size_t, Rank> local{}, offset{};

@@ -67,7 +67,7 @@ std::vector<float> global_floats(const std::array<std::size_t, Rank>& g, std::ui
 }
 
 template <fixed_string Dims, std::size_t Rank>
-std::uint64_t wire_bytes_of(const layout_value& from, const layout_value& to,
+std::uint64_t wire_bytes_of(layout_value from, layout_value to,
                             const std::array<std::size_t, Rank>& g, const mesh_t& m,
                             const wire_format& wire) {
   const auto plan = transition_plan_for<Dims>(from, to, g, m);

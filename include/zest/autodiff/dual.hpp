@@ -38,7 +38,7 @@ constexpr axis_placement dual(const axis_placement& p) {
   return p;
 }
 
-constexpr layout_value dual(const layout_value& v) {
+constexpr layout_value dual(layout_value v) {
   layout_value out = v;
   for (std::size_t a = 0; a < v.axis_count; ++a) out.axes[a] = dual(v.axes[a]);
   return out;
@@ -52,7 +52,7 @@ using dual_tensor =
 // `v` with its partial axes that are also partial in `other` made replicated: what an
 // operand must be reduced to before it meets `other` in a product (a product of two pending
 // sums is not the sum of the products).
-constexpr layout_value without_shared_partials(const layout_value& v, const layout_value& other) {
+constexpr layout_value without_shared_partials(layout_value v, layout_value other) {
   layout_value out = v;
   for (std::size_t a = 0; a < v.axis_count; ++a) {
     if (v.is_partial(a) && other.is_partial(a)) out.axes[a] = axis_placement{};

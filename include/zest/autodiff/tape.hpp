@@ -274,7 +274,7 @@ namespace detail {
 
 // The layout in which two tensors meet elementwise: x's layout, with y's pending sums
 // added (a linear op keeps them pending), and splits that lost their outer axis dropped.
-constexpr layout_value meeting_layout(const layout_value& x, const layout_value& y) {
+constexpr layout_value meeting_layout(layout_value x, layout_value y) {
   layout_value v = x;
   for (std::size_t a = 0; a < v.axis_count; ++a) {
     if (y.is_partial(a)) v.axes[a] = axis_placement{placement_kind::partial, 0, 0};
@@ -291,7 +291,7 @@ constexpr layout_value meeting_layout(const layout_value& x, const layout_value&
 
 // `v` with the partial axes that `own` does not have replicated: the operand of a product
 // that is not the pending sum on an axis must be whole there.
-constexpr layout_value keep_own_partials(const layout_value& v, const layout_value& own) {
+constexpr layout_value keep_own_partials(layout_value v, layout_value own) {
   layout_value out = v;
   for (std::size_t a = 0; a < v.axis_count; ++a) {
     if (v.is_partial(a) && !own.is_partial(a)) out.axes[a] = axis_placement{};
@@ -299,7 +299,7 @@ constexpr layout_value keep_own_partials(const layout_value& v, const layout_val
   return out;
 }
 
-constexpr bool share_partial_axis(const layout_value& x, const layout_value& y) {
+constexpr bool share_partial_axis(layout_value x, layout_value y) {
   for (std::size_t a = 0; a < x.axis_count; ++a) {
     if (x.is_partial(a) && y.is_partial(a)) return true;
   }

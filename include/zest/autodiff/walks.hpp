@@ -31,7 +31,7 @@ namespace zest::autodiff::detail {
 
 // The layout of a tensor with dims `small` (all of them dims of the big tensor) that splits
 // its dims as `big` does, replicated on the other axes: where a small operand meets a big one.
-constexpr layout_value splits_of(const layout_value& big, std::string_view small) {
+constexpr layout_value splits_of(layout_value big, std::string_view small) {
   layout_value v = replicated_layout(big.axis_count);
   for (std::size_t a = 0; a < big.axis_count; ++a) {
     if (big.is_split(a) && has_dim(small, big.axes[a].dim)) v.axes[a] = big.axes[a];
@@ -41,7 +41,7 @@ constexpr layout_value splits_of(const layout_value& big, std::string_view small
 
 // The layout of a sum over the dims of `big` not in `kept`: pending on the axes that split
 // them, otherwise as before.
-constexpr layout_value summed_layout(const layout_value& big, std::string_view kept) {
+constexpr layout_value summed_layout(layout_value big, std::string_view kept) {
   layout_value v = big;
   for (std::size_t a = 0; a < big.axis_count; ++a) {
     if (big.is_split(a) && !has_dim(kept, big.axes[a].dim)) {
@@ -52,7 +52,7 @@ constexpr layout_value summed_layout(const layout_value& big, std::string_view k
 }
 
 // A scalar that sums a tensor of layout v: pending on every axis that is not replicated.
-constexpr layout_value scalar_sum_layout(const layout_value& v) {
+constexpr layout_value scalar_sum_layout(layout_value v) {
   layout_value s = replicated_layout(v.axis_count);
   for (std::size_t a = 0; a < v.axis_count; ++a) {
     if (!v.is_replicate(a)) s.axes[a] = axis_placement{placement_kind::partial, 0, 0};
@@ -62,7 +62,7 @@ constexpr layout_value scalar_sum_layout(const layout_value& v) {
 
 // `v` replicated on the axes that `taken` splits; a split that loses an axis of its nesting
 // loses the axes nested inside it too (they split blocks that no longer exist).
-constexpr layout_value release_axes(const layout_value& v, const layout_value& taken) {
+constexpr layout_value release_axes(layout_value v, layout_value taken) {
   layout_value out = v;
   for (std::size_t a = 0; a < v.axis_count; ++a) {
     if (taken.is_split(a)) out.axes[a] = axis_placement{};
@@ -80,8 +80,8 @@ constexpr layout_value release_axes(const layout_value& v, const layout_value& t
 
 // An embedding's output: the ids' splits on their dims, the table's on the feature dim, and
 // pending where the table's rows are split (each rank adds the rows it holds).
-constexpr layout_value embedding_layout(const layout_value& ids, const layout_value& table,
-                                        char rows, char feature) {
+constexpr layout_value embedding_layout(layout_value ids, layout_value table, char rows,
+                                        char feature) {
   layout_value v = replicated_layout(ids.axis_count);
   for (std::size_t a = 0; a < ids.axis_count; ++a) {
     if (ids.is_split(a)) {

@@ -39,8 +39,8 @@ inline constexpr std::size_t search_capacity = 4096;
 // reduced later, and dropping the zero_partial (and turning that reduce_scatter into a slice)
 // gives a valid plan that is no dearer, so no cheapest plan needs one.
 template <class F>
-constexpr void for_each_step(const layout_value& v, const layout_value& to,
-                             const transition_shape& sh, unsigned axes, F&& f) {
+constexpr void for_each_step(layout_value v, layout_value to, const transition_shape& sh,
+                             unsigned axes, F&& f) {
   for (std::size_t a = 0; a < v.axis_count; ++a) {
     if (((axes >> a) & 1U) == 0) continue;
     const auto u8 = static_cast<std::uint8_t>(a);
@@ -92,7 +92,7 @@ struct search_space {
 // Dijkstra's search for the cheapest plan, or `fixed` when none is strictly cheaper than
 // `bound` (when fixed_allowed) or the table fills up. Ties between open layouts go to the
 // one found first, so the result depends on nothing but the arguments.
-constexpr transition_plan search_transition(const layout_value& from, const layout_value& to,
+constexpr transition_plan search_transition(layout_value from, layout_value to,
                                             const transition_shape& shape, unsigned axes,
                                             const transition_plan& fixed, bool fixed_allowed,
                                             const transition_cost& bound, search_space& ws) {
@@ -129,7 +129,7 @@ constexpr transition_plan search_transition(const layout_value& from, const layo
     place(at, node);
   };
   // The node of layout v, or -1 with `slot` set to the empty bucket where it would go.
-  auto find = [&](const layout_value& v, std::size_t& slot) -> std::int32_t {
+  auto find = [&](layout_value v, std::size_t& slot) -> std::int32_t {
     const auto key = static_cast<std::uint64_t>(layout_key(v));
     std::size_t h =
         static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> 40U) % search_space::buckets;
@@ -142,7 +142,7 @@ constexpr transition_plan search_transition(const layout_value& from, const layo
     return -1;
   };
   // A new open node for layout v in bucket `slot`; -1 when the table is full.
-  auto insert = [&](const layout_value& v, std::size_t slot) -> std::int32_t {
+  auto insert = [&](layout_value v, std::size_t slot) -> std::int32_t {
     if (count == search_capacity) return -1;
     const auto i = static_cast<std::int32_t>(count++);
     ws.table[slot] = i + 1;
@@ -220,7 +220,7 @@ inline search_space& thread_search_space() {
 // plan is strictly cheaper in bytes or collectives, so it is what runs in every case where
 // it was already the best. `axes` restricts the steps to a set of mesh axes (bit a: axis a).
 // A Dijkstra search over layouts, bounded by the fixed-order plan's cost; constexpr.
-constexpr transition_plan cheapest_plan(const layout_value& from, const layout_value& to,
+constexpr transition_plan cheapest_plan(layout_value from, layout_value to,
                                         const transition_shape& shape,
                                         unsigned axes = all_mesh_axes) {
   const transition_plan fixed = fixed_order_plan(from, to);

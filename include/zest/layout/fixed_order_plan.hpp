@@ -24,8 +24,7 @@ namespace zest {
 
 namespace detail {
 // True when the splits of d in `cur` are exactly the first k splits of d in `to`.
-constexpr bool is_split_prefix(const layout_value& cur, const layout_value& to, char d,
-                               std::size_t k) {
+constexpr bool is_split_prefix(layout_value cur, layout_value to, char d, std::size_t k) {
   if (cur.split_count(d) != k || to.split_count(d) < k) return false;
   for (std::size_t j = 0; j < k; ++j) {
     if (cur.split_axis(d, j) != to.split_axis(d, j)) return false;
@@ -34,7 +33,7 @@ constexpr bool is_split_prefix(const layout_value& cur, const layout_value& to, 
 }
 }  // namespace detail
 
-constexpr transition_plan fixed_order_plan(const layout_value& from, const layout_value& to) {
+constexpr transition_plan fixed_order_plan(layout_value from, layout_value to) {
   transition_plan plan{};
   layout_value cur = from;
   const std::size_t n = from.axis_count;

@@ -47,6 +47,14 @@ struct axis_placement {
 enum class layout_key : std::uint64_t {};
 
 // The normalised layout: axes[i] is what mesh axis i does to the tensor.
+//
+// Functions take it by value, never by const reference (19 bytes, trivially copyable). nvcc's
+// front end (EDG, in cudafe++ and again in cicc) keeps about 200 MB for good each time a
+// template's definition binds a reference parameter of a constexpr function to a
+// value-dependent argument: `static constexpr layout_value m = detail::meeting_layout(X::layout,
+// Y::layout);` cost 390 MB with two `const layout_value&` parameters and nothing by value. With
+// references, a translation unit of zest/cuda.hpp and an empty main took 6.8 GB in cudafe++;
+// by value 0.84 GB (bench/README.md, "nvcc's front end").
 struct layout_value {
   std::array<axis_placement, max_axes> axes;
   std::uint8_t axis_count;
@@ -148,7 +156,7 @@ namespace detail {
 // through `out(std::string_view)`: the one writer, at run time (to_string) and at compile time
 // (layout_text_v, zest/layout/layout_of.hpp).
 template <class Names, class Out>
-constexpr void write_layout_text(const layout_value& v, const Names& names, Out&& out) {
+constexpr void write_layout_text(layout_value v, const Names& names, Out&& out) {
   bool any = false;
   for (std::size_t a = 0; a < v.axis_count; ++a) {
     const axis_placement& p = v.axes[a];
@@ -178,7 +186,7 @@ constexpr void write_layout_text(const layout_value& v, const Names& names, Out&
 
 // "split(b:dp) partial(tp)" — human-readable, for plans and error messages.
 template <class AxisNames>
-std::string to_string(const layout_value& v, const AxisNames& names) {
+std::string to_string(layout_value v, const AxisNames& names) {
   std::string out;
   detail::write_layout_text(v, names, [&](std::string_view s) { out += s; });
   return out;

@@ -177,7 +177,7 @@ struct layout_of_impl<X, true> {
 };
 
 template <class Names>
-constexpr std::size_t layout_text_length(const layout_value& v, const Names& names) {
+constexpr std::size_t layout_text_length(layout_value v, const Names& names) {
   std::size_t n = 0;
   write_layout_text(v, names, [&](std::string_view s) { n += s.size(); });
   return n;

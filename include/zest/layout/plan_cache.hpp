@@ -19,7 +19,7 @@ namespace detail {
 // Run-time plans are searched once per (from, to, shape, axes) and thread: a small
 // direct-mapped cache keeps the recent ones (a training step redistributes the same few
 // shapes again and again).
-inline transition_plan cached_transition_plan(const layout_value& from, const layout_value& to,
+inline transition_plan cached_transition_plan(layout_value from, layout_value to,
                                               const transition_shape& shape,
                                               unsigned axes = all_mesh_axes) {
   if (from == to) return transition_plan{};
@@ -47,9 +47,8 @@ inline transition_plan cached_transition_plan(const layout_value& from, const la
 // The plan that runs for a tensor with dims Dims and global extents `global` on `mesh`
 // (anything with sizes()): the cheapest one, as redistribute, einsum and explain use it.
 template <fixed_string Dims, class Extents, class Mesh>
-transition_plan transition_plan_for(const layout_value& from, const layout_value& to,
-                                    const Extents& global, const Mesh& mesh,
-                                    unsigned axes = all_mesh_axes) {
+transition_plan transition_plan_for(layout_value from, layout_value to, const Extents& global,
+                                    const Mesh& mesh, unsigned axes = all_mesh_axes) {
   return detail::cached_transition_plan(from, to, make_transition_shape(Dims, global, mesh.sizes()),
                                         axes);
 }

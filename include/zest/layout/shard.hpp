@@ -35,9 +35,8 @@ constexpr block_range balanced_block(std::size_t extent, std::size_t parts, std:
 // The range of dim d (global extent `extent`) that the rank at `coords` holds under layout
 // v, considering only the first `levels` axes that split d (all of them by default).
 template <class Sizes, class Coords>
-constexpr block_range dim_range(const layout_value& v, char d, std::size_t extent,
-                                const Sizes& sizes, const Coords& coords,
-                                std::size_t levels = max_axes) {
+constexpr block_range dim_range(layout_value v, char d, std::size_t extent, const Sizes& sizes,
+                                const Coords& coords, std::size_t levels = max_axes) {
   block_range r{0, extent};
   const std::size_t n = std::min(levels, v.split_count(d));
   for (std::size_t k = 0; k < n; ++k) {
@@ -53,7 +52,7 @@ constexpr block_range dim_range(const layout_value& v, char d, std::size_t exten
 // This rank's block of a tensor with dims `dims` (global `extents`) under layout v: the
 // offset and local extent of each dim. One function for every tensor type (basic_tensor's
 // constructors call it), not one per dims and layout.
-inline void locate_block(const layout_value& v, std::string_view dims, const std::size_t* extents,
+inline void locate_block(layout_value v, std::string_view dims, const std::size_t* extents,
                          std::span<const int> sizes, std::span<const int> coords,
                          std::size_t* offsets, std::size_t* local) {
   for (std::size_t i = 0; i < dims.size(); ++i) {

@@ -80,7 +80,7 @@ constexpr std::size_t extent_of(const transition_shape& sh, char d) {
 }
 
 // Elements the rank at `c` holds under layout v.
-constexpr std::size_t held_elements(const layout_value& v, const transition_shape& sh,
+constexpr std::size_t held_elements(layout_value v, const transition_shape& sh,
                                     const mesh_coords& c) {
   std::size_t n = 1;
   for (std::size_t i = 0; i < sh.rank; ++i)
@@ -92,7 +92,7 @@ constexpr std::size_t held_elements(const layout_value& v, const transition_shap
 // layout v, in the communicators' ring model (zest/comm/communicator.hpp). explain, the
 // ZeRO planner, this planner and the tests all price steps with this function, and the
 // communicators' counters equal it (times the element size) for every rank.
-constexpr std::size_t step_elements(const transition_step& s, const layout_value& v,
+constexpr std::size_t step_elements(const transition_step& s, layout_value v,
                                     const transition_shape& sh, const mesh_coords& c) {
   const auto n = static_cast<std::size_t>(sh.sizes[s.axis]);
   const auto me = static_cast<std::size_t>(c[s.axis]);
@@ -121,7 +121,7 @@ constexpr std::size_t step_elements(const transition_step& s, const layout_value
 // own axis every formula above grows with the blocks; so the maximum over all ranks is the
 // maximum over the step axis' coordinates with the other axes at 0 (the exhaustive test
 // checks this against every rank).
-constexpr std::size_t step_cost(const transition_step& s, const layout_value& v,
+constexpr std::size_t step_cost(const transition_step& s, layout_value v,
                                 const transition_shape& sh) {
   if (!is_collective(s.kind)) return 0;
   mesh_coords c{};
@@ -134,7 +134,7 @@ constexpr std::size_t step_cost(const transition_step& s, const layout_value& v,
   return worst;
 }
 // What the planner adds up: step_cost weighed by the step axis' penalty.
-constexpr std::size_t step_price(const transition_step& s, const layout_value& v,
+constexpr std::size_t step_price(const transition_step& s, layout_value v,
                                  const transition_shape& sh) {
   return step_cost(s, v, sh) * (1U + sh.penalty[s.axis]);
 }

@@ -76,7 +76,7 @@ namespace detail {
 
 // Bytes the rank at `c` sends in step s from layout v, on `wire` (elements of element_size
 // bytes when the step travels exact): the communicators' counters for the step.
-constexpr std::uint64_t step_wire_bytes(const transition_step& s, const layout_value& v,
+constexpr std::uint64_t step_wire_bytes(const transition_step& s, layout_value v,
                                         const transition_shape& sh, const mesh_coords& c,
                                         const wire_format& wire, std::size_t element_size) {
   const auto n = static_cast<std::size_t>(sh.sizes[s.axis]);

@@ -134,7 +134,7 @@ constexpr layout_value expert_side(layout_value v, std::size_t axis) {
 
 // Whether the expert axis of the token-side layout v may move to e in one all-to-all (it
 // splits g innermost) or by a local slice (it is replicated), with e split nowhere.
-constexpr bool expert_axis_movable(const layout_value& v, std::size_t axis) {
+constexpr bool expert_axis_movable(layout_value v, std::size_t axis) {
   if (v.split_count('e') != 0) return false;
   if (v.is_replicate(axis)) return true;
   return v.splits(axis, 'g') &&
@@ -505,7 +505,7 @@ all_to_all_volume all_to_all_bytes(const typename D::mesh_type& mesh,
   static_assert(target::axis < D::mesh_type::axis_count,
                 "zest moe all_to_all_bytes: the mesh has no axis of the expert axis' name");
   if (!D::layout.splits(target::axis, 'g') || mesh.size(target::axis) == 1) return {};
-  const auto local = [&](const layout_value& v) {
+  const auto local = [&](layout_value v) {
     std::array<std::size_t, 4> out{};
     for (std::size_t i = 0; i < 4; ++i) {
       out[i] = dim_range(v, D::dims[i], extents[i], mesh.sizes(), mesh.coords()).size;

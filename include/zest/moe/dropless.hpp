@@ -104,7 +104,7 @@ constexpr layout_value expert_only(std::size_t axes, std::size_t axis) {
 
 // An expert weight's gradient as this rank computes it: a summand over the axes that split the
 // tokens (but the expert axis, which the rows crossed), whole elsewhere.
-constexpr layout_value expert_gradient_layout(layout_value w, const layout_value& tokens,
+constexpr layout_value expert_gradient_layout(layout_value w, layout_value tokens,
                                               std::size_t axis) {
   for (std::size_t a = 0; a < w.axis_count; ++a) {
     if (a != axis && tokens.is_split(a)) w.axes[a] = axis_placement{placement_kind::partial, 0, 0};

@@ -106,7 +106,7 @@ namespace detail {
 
 // Elements this rank holds under layout v (coordinates `coords`).
 template <fixed_string Dims, class Mesh, class Extents, class Coords>
-std::size_t local_elements(const layout_value& v, const Extents& global, const Mesh& mesh,
+std::size_t local_elements(layout_value v, const Extents& global, const Mesh& mesh,
                            const Coords& coords) {
   std::size_t n = 1;
   for (std::size_t i = 0; i < Dims.size(); ++i)
@@ -117,7 +117,7 @@ std::size_t local_elements(const layout_value& v, const Extents& global, const M
 // Bytes this rank sends for step s from layout v, in the communicators' model: the one
 // pricing function, detail::step_elements (zest/layout/step_cost.hpp), at this rank.
 template <fixed_string Dims, class Mesh, class Extents>
-std::uint64_t step_bytes(const transition_step& s, const layout_value& v, const Extents& global,
+std::uint64_t step_bytes(const transition_step& s, layout_value v, const Extents& global,
                          const Mesh& mesh, std::size_t element_size) {
   const auto here = mesh.coords();
   mesh_coords coords{};

@@ -49,9 +49,11 @@ namespace detail {
 // over (a buffer). One function per element type, mesh and backend, whatever the dims: the
 // typed overloads below only name the dims and extents.
 template <class T, class Mesh, class Backend, class Data>
-typename Backend::template buffer<T> run_shard_transition(
-    const transition_plan& plan, std::string_view dims, const layout_value& from,
-    const shard_extents& local, Data&& data, const shard_extents& global, const Mesh& mesh) {
+typename Backend::template buffer<T> run_shard_transition(const transition_plan& plan,
+                                                          std::string_view dims, layout_value from,
+                                                          const shard_extents& local, Data&& data,
+                                                          const shard_extents& global,
+                                                          const Mesh& mesh) {
   transition_group<T, Mesh, Backend> g(mesh);
   g.add(dims, from, plan, global, local, std::forward<Data>(data));
   g.run();
@@ -59,8 +61,7 @@ typename Backend::template buffer<T> run_shard_transition(
 }
 template <fixed_string Dims, class T, class Mesh, std::size_t Rank,
           class Backend = backend_of<Mesh>>
-typename Backend::template buffer<T> run_transition(const transition_plan& plan,
-                                                    const layout_value& from,
+typename Backend::template buffer<T> run_transition(const transition_plan& plan, layout_value from,
                                                     const std::array<std::size_t, Rank>& local,
                                                     std::span<const T> data,
                                                     const std::array<std::size_t, Rank>& global,
@@ -71,7 +72,7 @@ typename Backend::template buffer<T> run_transition(const transition_plan& plan,
 template <fixed_string Dims, class Buffer, class Mesh, std::size_t Rank,
           class Backend = backend_of<Mesh>>
 requires(!std::is_lvalue_reference_v<Buffer>) Buffer
-    run_transition(const transition_plan& plan, const layout_value& from,
+    run_transition(const transition_plan& plan, layout_value from,
                    const std::array<std::size_t, Rank>& local, Buffer&& data,
                    const std::array<std::size_t, Rank>& global, const Mesh& mesh) {
   return run_shard_transition<typename Buffer::value_type, Mesh, Backend>(

@@ -56,7 +56,7 @@ constexpr dims_problem check_dims() {
 namespace detail {
 // Out of line and one for all tensor types: the accessors' cold path.
 [[noreturn]] inline void throw_moved_from(const char* accessor, std::string_view dims,
-                                          const layout_value& layout,
+                                          layout_value layout,
                                           std::span<const std::string_view> axis_names) {
   throw shape_error(
       message("zest: tensor \"", dims, "\" ", to_string(layout, axis_names), ": ", accessor,

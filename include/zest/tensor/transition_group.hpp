@@ -573,7 +573,7 @@ class transition_group {
   ~transition_group() = default;  // an issued collective is waited for (request's destructor)
 
   // A shard read in place (it must outlive run() or wait()), or handed over.
-  std::size_t add(std::string_view dims, const layout_value& from, const transition_plan& plan,
+  std::size_t add(std::string_view dims, layout_value from, const transition_plan& plan,
                   const shard_extents& global, const shard_extents& local,
                   std::span<const T> data) {
     check_open("add");
@@ -588,7 +588,7 @@ class transition_group {
     next_.push_back(0);
     return shards_.size() - 1;
   }
-  std::size_t add(std::string_view dims, const layout_value& from, const transition_plan& plan,
+  std::size_t add(std::string_view dims, layout_value from, const transition_plan& plan,
                   const shard_extents& global, const shard_extents& local, buffer&& data) {
     const std::size_t k = add(dims, from, plan, global, local, std::span<const T>{});
     shards_[k]->replace(std::move(data));
@@ -624,7 +624,7 @@ class transition_group {
   // Shard k after run() or wait(): its contents (handed over), local extents and layout.
   buffer release(std::size_t k) { return shards_[k]->release(); }
   const shard_extents& local(std::size_t k) const { return shards_[k]->local; }
-  const layout_value& layout(std::size_t k) const { return shards_[k]->layout; }
+  layout_value layout(std::size_t k) const { return shards_[k]->layout; }
 
  private:
   void check_open(const char* what) const {

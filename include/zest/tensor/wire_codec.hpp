@@ -26,6 +26,7 @@ ZEST_HOST_DEVICE constexpr std::size_t wire_payload_at(std::size_t count, std::s
 // Block b of src[0, count) -> its scale and its bytes in `wire` (the part's start).
 template <class T>
 struct encode_blocks_fn {
+  using prebuilt_element = T;  // a CUDA program may build this kernel once (zest/cuda_kernels.cu)
   const T* src;
   std::size_t count, block;
   std::uint8_t* wire;
@@ -72,6 +73,7 @@ ZEST_HOST_DEVICE inline float wire_value(const std::uint8_t* wire, std::size_t c
 // Element i of a part of `count` elements, decoded.
 template <class T>
 struct decode_fn {
+  using prebuilt_element = T;  // a CUDA program may build this kernel once (zest/cuda_kernels.cu)
   const std::uint8_t* wire;
   std::size_t count, block;
   T* dst;
@@ -84,6 +86,7 @@ struct decode_fn {
 // fp32 in part order, rounded once.
 template <class T>
 struct decode_sum_fn {
+  using prebuilt_element = T;  // a CUDA program may build this kernel once (zest/cuda_kernels.cu)
   const std::uint8_t* wire;
   std::size_t stride, parts, count, block;
   T* dst;

@@ -96,8 +96,7 @@ void accumulate(Acc* acc, const Add* add, std::size_t n) {
 // `base` with the data axes' placements (`mask`) taken from `stage`. Where base splits the
 // dim that the stage splits too (a bias "h" split<'h', "tp">), the data axes nest innermost:
 // they split each rank's block of the other axes.
-constexpr layout_value on_data_axes(const layout_value& base, const layout_value& stage,
-                                    unsigned mask) {
+constexpr layout_value on_data_axes(layout_value base, layout_value stage, unsigned mask) {
   layout_value out = base;
   for (std::size_t a = 0; a < base.axis_count; ++a) {
     if ((mask >> a & 1U) == 0) continue;
@@ -109,8 +108,7 @@ constexpr layout_value on_data_axes(const layout_value& base, const layout_value
   return out;
 }
 // `g` with its pending sums on axes other than the data axes resolved to `kept`'s placement.
-constexpr layout_value reduce_other_axes(layout_value g, const layout_value& kept,
-                                         unsigned data_mask) {
+constexpr layout_value reduce_other_axes(layout_value g, layout_value kept, unsigned data_mask) {
   for (std::size_t a = 0; a < g.axis_count; ++a) {
     if ((data_mask >> a & 1U) == 0 && g.is_partial(a)) g.axes[a] = kept.axes[a];
   }
@@ -307,7 +305,7 @@ class parameter_slot {
     return n;
   }
   // This rank's block of `layout` for the parameter's dims.
-  state_shard shard_of(const layout_value& layout) const {
+  state_shard shard_of(layout_value layout) const {
     state_shard out{layout, {}, {}};
     for (std::size_t i = 0; i < dims_.size(); ++i) {
       const block_range r =
@@ -367,8 +365,8 @@ class parameter_slot {
   // Called by the parameter's constructor, after dims_, global_ and mesh_: the states'
   // layouts and the plans between them; the stored copy and the master hold their initial
   // values, the gradient buffer and Adam's moments zeros.
-  void create_states(const zero_layouts& l, const layout_value& reduced_gradient,
-                     std::uint64_t seed, const initializer& init) {
+  void create_states(const zero_layouts& l, layout_value reduced_gradient, std::uint64_t seed,
+                     const initializer& init) {
     if (l.secondary.axis_count != 0) {
       secondary_ = shard_of(l.secondary);
       keep_plan_ = plan_between(shard_of(l.compute), secondary_);

@@ -359,7 +359,7 @@ parameter_collectives plan_parameter_layouts(zero_plan& plan, const parameter_sh
                                              unsigned replica_mask) {
   const std::vector<std::size_t>& global = param.extents;
   const auto coords = mesh.coords();
-  auto held = [&](const layout_value& v) -> std::uint64_t {
+  auto held = [&](layout_value v) -> std::uint64_t {
     std::size_t n = 1;
     for (std::size_t i = 0; i < dims.size(); ++i)
       n *= dim_range(v, dims[i], global[i], mesh.sizes(), coords).size;

@@ -298,9 +298,8 @@ inline step_inventory inventory_step(const transformer_config& c, const parallel
   }
   // Each axis's tally of one kind of transition, added as lines (`what`) at the end.
   std::vector<std::array<collective_tally, collective_kinds>> tally(mesh_axes.size());
-  const auto plan_into = [&](const layout_value& from, const layout_value& to,
-                             const transition_shape& shape, std::uint64_t times,
-                             std::uint64_t element) {
+  const auto plan_into = [&](layout_value from, layout_value to, const transition_shape& shape,
+                             std::uint64_t times, std::uint64_t element) {
     layout_value v = from;
     for (const transition_step& st : detail::cached_transition_plan(from, to, shape)) {
       if (is_collective(st.kind)) {

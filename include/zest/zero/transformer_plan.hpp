@@ -227,7 +227,7 @@ namespace detail {
 template <fixed_string Dims, class Layout>
 inline constexpr layout_value weight_layout = layout_value_of<transformer_plan_mesh, Dims, Layout>;
 
-inline parameter_shape local_block(const parameter_shape& global, const layout_value& v,
+inline parameter_shape local_block(const parameter_shape& global, layout_value v,
                                    std::string_view dims, const transformer_plan_mesh& mesh) {
   parameter_shape local{global.name, global.extents, global.group};
   for (std::size_t i = 0; i < dims.size() && i < global.extents.size(); ++i)
@@ -263,7 +263,7 @@ inline std::vector<placed_weight> place_weights(const transformer_config& c,
 
   std::vector<placed_weight> out;
   std::string group = "embed";  // as zest::gpt groups them: the embeddings, each layer, the head
-  auto add = [&](std::string name, std::vector<std::size_t> extents, const layout_value& v,
+  auto add = [&](std::string name, std::vector<std::size_t> extents, layout_value v,
                  std::string_view dims, weight_kind kind, bool matmul = false) {
     parameter_shape g{std::move(name), std::move(extents), group};
     parameter_shape l = detail::local_block(g, v, dims, mesh);

@@ -347,47 +347,125 @@ void launch_reduce(const reduce_descriptor& r, const S* src, D* dst, bool accumu
   ZEST_CUDA_CHECK(cudaGetLastError());
 }
 
-#else  // a host compiler: no kernels
+#else  // a host compiler: the launchers are declared; nvcc's TUs define them
 
 template <class F>
-void launch_for_each(std::size_t, const F&) {
-  static_assert(needs_nvcc<F>,
-                "zest cuda_backend: element and row loops on device tensors (autodiff "
-                "operations, optimizer steps, ZeRO packing, MoE routing) run CUDA kernels. "
-                "Fix: compile this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in "
-                "CMake).");
+void launch_for_each(std::size_t n, const F& f);
+template <class F>
+double launch_sum(std::size_t n, const F& f);
+template <class U>
+void launch_fill(U* p, std::uint64_t n, U value);
+template <bool Add, class S, class D>
+void launch_relayout(const walk_descriptor& w, const S* src, D* dst);
+template <class S, class D>
+void launch_reduce(const reduce_descriptor& r, const S* src, D* dst, bool accumulate);
+
+#endif
+
+// ---- which launches a TU that no nvcc compiles may make -----------------------------------
+//
+// A kernel exists where nvcc compiles its launch. A TU compiled by a host compiler (g++,
+// clang++) may launch the kernels that zest/cuda_kernels.cu instantiates once per program
+// (CMake: zest::cuda_kernels, which also defines ZEST_CUDA_PREBUILT_KERNELS); any other
+// launch stops its compilation with a static_assert that names the fix. These lists are the
+// ones that file instantiates: storage words for fills and plain copies, the floating types
+// for sums, conversions and reductions, and the loops marked prebuilt_loop.
+template <class... T>
+struct type_list {};
+using prebuilt_words = type_list<std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t>;
+using prebuilt_numbers = type_list<float, double, bfloat16>;
+template <class T, class List>
+inline constexpr bool listed = false;
+template <class T, class... L>
+inline constexpr bool listed<T, type_list<L...>> = (std::is_same_v<T, L> || ...);
+
+// A loop body (a function object run by for_each) whose kernel is prebuilt: one that names
+// its element type as `prebuilt_element` (tensor/wire_codec.hpp's encode and decode), for
+// the listed floating types.
+template <class F>
+inline constexpr bool prebuilt_loop = false;
+template <class F>
+requires requires { typename F::prebuilt_element; }
+inline constexpr bool prebuilt_loop<F> = listed<typename F::prebuilt_element, prebuilt_numbers>;
+
+#if ZEST_CUDA_COMPILER || defined(ZEST_CUDA_PREBUILT_KERNELS)
+inline constexpr bool prebuilt_kernels_linked = true;
+#else
+inline constexpr bool prebuilt_kernels_linked = false;
+#endif
+
+// What the backend calls: the launcher, checked where no nvcc compiles the TU.
+template <class F>
+void checked_for_each(std::size_t n, const F& f) {
+  if constexpr (!ZEST_CUDA_COMPILER) {
+    static_assert(prebuilt_kernels_linked && prebuilt_loop<F>,
+                  "zest cuda_backend: element and row loops on device tensors (autodiff "
+                  "operations, optimizer steps, ZeRO packing, MoE routing) run CUDA kernels. "
+                  "Fix: compile this translation unit with nvcc (a .cu file, or LANGUAGE CUDA "
+                  "in CMake); a host compiler may only drive the prebuilt kernels "
+                  "(zest/cuda_kernels.cu: redistribute, einsum, collectives).");
+  }
+  launch_for_each(n, f);
 }
 template <class F>
-double launch_sum(std::size_t, const F&) {
-  static_assert(needs_nvcc<F>,
+double checked_sum(std::size_t n, const F& f) {
+  static_assert(ZEST_CUDA_COMPILER || needs_nvcc<F>,
                 "zest cuda_backend: sums over device tensors (losses, norms, overflow checks) "
                 "run CUDA kernels. Fix: compile this translation unit with nvcc (a .cu file, or "
                 "LANGUAGE CUDA in CMake).");
-  return 0.0;
+  return launch_sum(n, f);
 }
-
 template <class U>
-void launch_fill(U*, std::uint64_t, U) {
-  static_assert(needs_nvcc<U>,
-                "zest cuda_backend: filling device memory with a non-zero value runs a CUDA "
-                "kernel. Fix: compile this translation unit with nvcc (a .cu file, or "
-                "LANGUAGE CUDA in CMake).");
+void checked_fill(U* p, std::uint64_t n, U value) {
+  if constexpr (!ZEST_CUDA_COMPILER) {
+    static_assert(prebuilt_kernels_linked && listed<U, prebuilt_words>,
+                  "zest cuda_backend: filling device memory with a non-zero value runs a CUDA "
+                  "kernel. Fix: compile this translation unit with nvcc (a .cu file, or "
+                  "LANGUAGE CUDA in CMake), or link zest::cuda_kernels "
+                  "(zest/cuda_kernels.cu) and define ZEST_CUDA_PREBUILT_KERNELS.");
+  }
+  launch_fill<U>(p, n, value);
 }
+// A plain copy (no sum, the same type) moves storage words: one kernel per element size.
 template <bool Add, class S, class D>
-void launch_relayout(const walk_descriptor&, const S*, D*) {
-  static_assert(needs_nvcc<S>,
-                "zest cuda_backend: permutes, narrow copies and contractions of device tensors "
-                "run CUDA kernels. Fix: compile this translation unit with nvcc (a .cu file, "
-                "or LANGUAGE CUDA in CMake).");
+void checked_relayout(const walk_descriptor& w, const S* src, D* dst) {
+  if constexpr (!Add && std::is_same_v<S, D>) {
+    using U = bits_of_size<sizeof(S)>;
+    static_assert(sizeof(U) == sizeof(S), "zest cuda_backend: elements of 1, 2, 4 or 8 bytes");
+    if constexpr (!ZEST_CUDA_COMPILER) {
+      static_assert(prebuilt_kernels_linked,
+                    "zest cuda_backend: copies of device tensors run CUDA kernels. Fix: compile "
+                    "this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in CMake), or "
+                    "link zest::cuda_kernels (zest/cuda_kernels.cu) and define "
+                    "ZEST_CUDA_PREBUILT_KERNELS.");
+    }
+    launch_relayout<false>(w, reinterpret_cast<const U*>(src),  // NOLINT: same size
+                           reinterpret_cast<U*>(dst));          // NOLINT
+  } else {
+    if constexpr (!ZEST_CUDA_COMPILER) {
+      static_assert(
+          prebuilt_kernels_linked && listed<S, prebuilt_numbers> && listed<D, prebuilt_numbers>,
+          "zest cuda_backend: permutes, narrow copies and contractions of device "
+          "tensors run CUDA kernels. Fix: compile this translation unit with nvcc (a "
+          ".cu file, or LANGUAGE CUDA in CMake), or link zest::cuda_kernels "
+          "(zest/cuda_kernels.cu) and define "
+          "ZEST_CUDA_PREBUILT_KERNELS.");
+    }
+    launch_relayout<Add>(w, src, dst);
+  }
 }
 template <class S, class D>
-void launch_reduce(const reduce_descriptor&, const S*, D*, bool) {
-  static_assert(needs_nvcc<S>,
-                "zest cuda_backend: reductions of device tensors run CUDA kernels. Fix: compile "
-                "this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in CMake).");
+void checked_reduce(const reduce_descriptor& r, const S* src, D* dst, bool accumulate) {
+  if constexpr (!ZEST_CUDA_COMPILER) {
+    static_assert(
+        prebuilt_kernels_linked && listed<S, prebuilt_numbers> && listed<D, prebuilt_numbers>,
+        "zest cuda_backend: reductions of device tensors run CUDA kernels. Fix: "
+        "compile this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in "
+        "CMake), or link zest::cuda_kernels (zest/cuda_kernels.cu) "
+        "and define ZEST_CUDA_PREBUILT_KERNELS.");
+  }
+  launch_reduce(r, src, dst, accumulate);
 }
-
-#endif
 
 // ---- the contraction: the planner's plan (zest/backend/contraction_plan.hpp), on the device -
 
@@ -407,7 +485,7 @@ void relayout(const tensor_layout& from, const S* src, const tensor_layout& to, 
     w.dst[w.rank] = to.stride[d];
     ++w.rank;
   }
-  launch_relayout<Add>(w, src, dst);
+  checked_relayout<Add>(w, src, dst);
 }
 
 // dst (layout `to`) = sum of src over its dims missing in `to` (+ dst when accumulating).
@@ -427,7 +505,7 @@ void reduce(const tensor_layout& from, const S* src, const tensor_layout& to, D*
     r.reduced_src[r.reduced_rank] = from.stride[d];
     ++r.reduced_rank;
   }
-  launch_reduce(r, src, dst, accumulate);
+  checked_reduce(r, src, dst, accumulate);
 }
 
 template <class T>
@@ -597,7 +675,7 @@ void fill_device(T* p, std::size_t n, T value) {
     ZEST_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(T), compute_stream()));
     return;
   }
-  launch_fill<U>(reinterpret_cast<U*>(p), n, bits);  // NOLINT: same size, trivially copyable
+  checked_fill<U>(reinterpret_cast<U*>(p), n, bits);  // NOLINT: same size, trivially copyable
 }
 
 }  // namespace detail
@@ -702,7 +780,7 @@ struct cuda_backend {
     w.src[1] = 1;
     w.dst[0] = dst_d * inner;
     w.dst[1] = 1;
-    cuda::detail::launch_relayout<false>(w, from, to);
+    cuda::detail::checked_relayout<false>(w, from, to);
   }
 
   template <class T>
@@ -720,12 +798,12 @@ struct cuda_backend {
   // f(i) for each i < n in a kernel on the compute stream (f: ZEST_HOST_DEVICE call operator).
   template <class F>
   static void for_each(std::size_t n, const F& f) {
-    cuda::detail::launch_for_each(n, f);
+    cuda::detail::checked_for_each(n, f);
   }
   // The sum of f(i) over i < n, in double; waits for the compute stream's work so far.
   template <class F>
   static double sum(std::size_t n, const F& f) {
-    return cuda::detail::launch_sum(n, f);
+    return cuda::detail::checked_sum(n, f);
   }
   static memory::counters& counters() { return memory::device_counters(); }
   // Waits for the compute stream (kernels, copies, GEMMs; collectives order themselves on it).
