@@ -10,7 +10,7 @@
 //
 //   fills and plain copies            per storage word: 1, 2, 4 and 8 bytes (any element type)
 //   sums, conversions, reductions     float, double, bfloat16 (each pair)
-//   the int8 wire's encode and decode  (loop bodies naming a `prebuilt_element`) the same three
+//   the int8 wire's encode and decode   float, bfloat16, float16 (what a quantized wire carries)
 //
 // and the host-compiled TUs see ZEST_CUDA_PREBUILT_KERNELS. CMake: link zest::cuda_kernels
 // (cmake/zest_cuda.cmake; an object library of this file). Anything else on the device
@@ -39,16 +39,17 @@ void add_pairs(std::vector<erased_launcher>& t, type_list<D...> /*unused*/) {
   (t.push_back(erase_launcher(&launch_relayout<true, S, D>)), ...);
   (t.push_back(erase_launcher(&launch_reduce<S, D>)), ...);
 }
-template <class... U, class... T>
+template <class... U, class... T, class... W>
 std::vector<erased_launcher> prebuilt_launchers(type_list<U...> /*words*/,
-                                                type_list<T...> /*numbers*/) {
+                                                type_list<T...> /*numbers*/,
+                                                type_list<W...> /*wire elements*/) {
   std::vector<erased_launcher> t;
   (t.push_back(erase_launcher(&launch_fill<U>)), ...);
   (t.push_back(erase_launcher(&launch_relayout<false, U, U>)), ...);
   (add_pairs<T>(t, type_list<T...>{}), ...);
-  (t.push_back(erase_launcher(&launch_for_each<zest::detail::encode_blocks_fn<T>>)), ...);
-  (t.push_back(erase_launcher(&launch_for_each<zest::detail::decode_fn<T>>)), ...);
-  (t.push_back(erase_launcher(&launch_for_each<zest::detail::decode_sum_fn<T>>)), ...);
+  (t.push_back(erase_launcher(&launch_for_each<zest::detail::encode_blocks_fn<W>>)), ...);
+  (t.push_back(erase_launcher(&launch_for_each<zest::detail::decode_fn<W>>)), ...);
+  (t.push_back(erase_launcher(&launch_for_each<zest::detail::decode_sum_fn<W>>)), ...);
   return t;
 }
 
@@ -58,6 +59,6 @@ std::vector<erased_launcher> prebuilt_launchers(type_list<U...> /*words*/,
 // for the program's other TUs to link and no optimiser drops them.
 extern const std::vector<erased_launcher> prebuilt_kernel_table;
 const std::vector<erased_launcher> prebuilt_kernel_table =
-    prebuilt_launchers(prebuilt_words{}, prebuilt_numbers{});
+    prebuilt_launchers(prebuilt_words{}, prebuilt_numbers{}, prebuilt_wire_elements{});
 
 }  // namespace zest::cuda::detail

@@ -218,7 +218,9 @@ class coalesced_step {
       }
     }
     pack(send_at, recv_at);
-    if (quantized_) encode();
+    if constexpr (wire_quantizable_v<T>) {  // the constructor refuses a wire for any other T
+      if (quantized_) encode();
+    }
   }
 
   // Issues the collective: non-blocking (a request that finish() waits on) or blocking.
@@ -269,7 +271,9 @@ class coalesced_step {
   // Waits for the collective and hands each member its new block and layout.
   void finish() {
     done_.wait();
-    if (quantized_) decode();
+    if constexpr (wire_quantizable_v<T>) {
+      if (quantized_) decode();
+    }
     for (std::size_t k = 0; k < members_.size(); ++k) {
       auto& sh = *members_[k].shard;
       const auto& s = members_[k].step;

@@ -49,6 +49,7 @@
 #include "zest/config.hpp"
 #include "zest/core/bfloat16.hpp"
 #include "zest/core/error.hpp"
+#include "zest/core/float16.hpp"
 
 namespace zest {
 
@@ -374,19 +375,22 @@ template <class... T>
 struct type_list {};
 using prebuilt_words = type_list<std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t>;
 using prebuilt_numbers = type_list<float, double, bfloat16>;
+// The element types a quantized wire carries (tensor/transition_group.hpp, wire_quantizable_v).
+using prebuilt_wire_elements = type_list<float, bfloat16, float16>;
 template <class T, class List>
 inline constexpr bool listed = false;
 template <class T, class... L>
 inline constexpr bool listed<T, type_list<L...>> = (std::is_same_v<T, L> || ...);
 
 // A loop body (a function object run by for_each) whose kernel is prebuilt: one that names
-// its element type as `prebuilt_element` (tensor/wire_codec.hpp's encode and decode), for
-// the listed floating types.
+// its element type as `prebuilt_element`, which only the loop bodies that zest/cuda_kernels.cu
+// instantiates do (tensor/wire_codec.hpp's encode and decode), for the wire's element types.
 template <class F>
 inline constexpr bool prebuilt_loop = false;
 template <class F>
 requires requires { typename F::prebuilt_element; }
-inline constexpr bool prebuilt_loop<F> = listed<typename F::prebuilt_element, prebuilt_numbers>;
+inline constexpr bool prebuilt_loop<F> =
+    listed<typename F::prebuilt_element, prebuilt_wire_elements>;
 
 #if ZEST_CUDA_COMPILER || defined(ZEST_CUDA_PREBUILT_KERNELS)
 inline constexpr bool prebuilt_kernels_linked = true;
@@ -433,7 +437,7 @@ void checked_relayout(const walk_descriptor& w, const S* src, D* dst) {
     using U = bits_of_size<sizeof(S)>;
     static_assert(sizeof(U) == sizeof(S), "zest cuda_backend: elements of 1, 2, 4 or 8 bytes");
     if constexpr (!ZEST_CUDA_COMPILER) {
-      static_assert(prebuilt_kernels_linked,
+      static_assert(prebuilt_kernels_linked || needs_nvcc<S>,  // dependent: checked when used
                     "zest cuda_backend: copies of device tensors run CUDA kernels. Fix: compile "
                     "this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in CMake), or "
                     "link zest::cuda_kernels (zest/cuda_kernels.cu) and define "
