@@ -304,7 +304,7 @@ TEST_CASE("checked mode: ranks that disagree all throw collective_mismatch, nami
   INFO(what);
   CHECK(what.find("rank 0: all_reduce<float>[4]") != std::string::npos);
   CHECK(what.find("at cuda/nccl_communicator_test.cpp:") != std::string::npos);  // this line
-  c.all_reduce(std::span<float>(x.data(), 4));                                  // and it recovers
+  c.all_reduce(std::span<float>(x.data(), 4));                                   // and it recovers
   CHECK(to_host(x)[0] == float(c.size()));
 }
 
