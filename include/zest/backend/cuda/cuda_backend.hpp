@@ -397,6 +397,14 @@ inline constexpr bool prebuilt_kernels_linked = true;
 #else
 inline constexpr bool prebuilt_kernels_linked = false;
 #endif
+// A conversion, sum or reduction from S to D: prebuilt for each pair of the floating types.
+template <class S, class D>
+inline constexpr bool prebuilt_pair =
+    prebuilt_kernels_linked&& listed<S, prebuilt_numbers>&& listed<D, prebuilt_numbers>;
+// The fix every refusal below names.
+#define ZEST_CUDA_KERNEL_FIX                                                                \
+  " Fix: compile this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in CMake), " \
+  "or link zest::cuda_kernels (zest/cuda_kernels.cu) and define ZEST_CUDA_PREBUILT_KERNELS."
 
 // What the backend calls: the launcher, checked where no nvcc compiles the TU.
 template <class F>
@@ -424,9 +432,7 @@ void checked_fill(U* p, std::uint64_t n, U value) {
   if constexpr (!ZEST_CUDA_COMPILER) {
     static_assert(prebuilt_kernels_linked && listed<U, prebuilt_words>,
                   "zest cuda_backend: filling device memory with a non-zero value runs a CUDA "
-                  "kernel. Fix: compile this translation unit with nvcc (a .cu file, or "
-                  "LANGUAGE CUDA in CMake), or link zest::cuda_kernels "
-                  "(zest/cuda_kernels.cu) and define ZEST_CUDA_PREBUILT_KERNELS.");
+                  "kernel." ZEST_CUDA_KERNEL_FIX);
   }
   launch_fill<U>(p, n, value);
 }
@@ -437,23 +443,17 @@ void checked_relayout(const walk_descriptor& w, const S* src, D* dst) {
     using U = bits_of_size<sizeof(S)>;
     static_assert(sizeof(U) == sizeof(S), "zest cuda_backend: elements of 1, 2, 4 or 8 bytes");
     if constexpr (!ZEST_CUDA_COMPILER) {
-      static_assert(prebuilt_kernels_linked || needs_nvcc<S>,  // dependent: checked when used
-                    "zest cuda_backend: copies of device tensors run CUDA kernels. Fix: compile "
-                    "this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in CMake), or "
-                    "link zest::cuda_kernels (zest/cuda_kernels.cu) and define "
-                    "ZEST_CUDA_PREBUILT_KERNELS.");
+      static_assert(
+          prebuilt_kernels_linked || needs_nvcc<S>,  // dependent: checked when used
+          "zest cuda_backend: copies of device tensors run CUDA kernels." ZEST_CUDA_KERNEL_FIX);
     }
     launch_relayout<false>(w, reinterpret_cast<const U*>(src),  // NOLINT: same size
                            reinterpret_cast<U*>(dst));          // NOLINT
   } else {
     if constexpr (!ZEST_CUDA_COMPILER) {
-      static_assert(
-          prebuilt_kernels_linked && listed<S, prebuilt_numbers> && listed<D, prebuilt_numbers>,
-          "zest cuda_backend: permutes, narrow copies and contractions of device "
-          "tensors run CUDA kernels. Fix: compile this translation unit with nvcc (a "
-          ".cu file, or LANGUAGE CUDA in CMake), or link zest::cuda_kernels "
-          "(zest/cuda_kernels.cu) and define "
-          "ZEST_CUDA_PREBUILT_KERNELS.");
+      static_assert(prebuilt_pair<S, D>,
+                    "zest cuda_backend: permutes, narrow copies and contractions of device "
+                    "tensors run CUDA kernels." ZEST_CUDA_KERNEL_FIX);
     }
     launch_relayout<Add>(w, src, dst);
   }
@@ -462,11 +462,8 @@ template <class S, class D>
 void checked_reduce(const reduce_descriptor& r, const S* src, D* dst, bool accumulate) {
   if constexpr (!ZEST_CUDA_COMPILER) {
     static_assert(
-        prebuilt_kernels_linked && listed<S, prebuilt_numbers> && listed<D, prebuilt_numbers>,
-        "zest cuda_backend: reductions of device tensors run CUDA kernels. Fix: "
-        "compile this translation unit with nvcc (a .cu file, or LANGUAGE CUDA in "
-        "CMake), or link zest::cuda_kernels (zest/cuda_kernels.cu) "
-        "and define ZEST_CUDA_PREBUILT_KERNELS.");
+        prebuilt_pair<S, D>,
+        "zest cuda_backend: reductions of device tensors run CUDA kernels." ZEST_CUDA_KERNEL_FIX);
   }
   launch_reduce(r, src, dst, accumulate);
 }
