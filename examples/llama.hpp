@@ -53,6 +53,7 @@
 #include "zest/autodiff/tape.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/random.hpp"
+#include "zest/io/safetensors.hpp"
 #include "zest/nn/embedding.hpp"
 #include "zest/nn/linear.hpp"
 #include "zest/nn/tensor_parallel.hpp"
@@ -148,6 +149,75 @@ inline zest::model_shape llama_shape(const llama_options& options, std::size_t t
     add("norm_f.weight", {w});
     add("lm_head.weight", {w, vocab});
   }
+  return m;
+}
+
+// Where the model's parameters lie in a Hugging Face Llama file (LlamaForCausalLM's names,
+// PyTorch's nn.Linear [out, in] weights: each zest matrix transposed), and its config.json.
+// q_proj's rows are the query heads in order, head k * g + j being zest's (k, j); RoPE is
+// the same rotate-half convention on both sides, so no rows move. A tied model's file has no
+// lm_head.weight; an untied model reads a tied file's embedding in its place.
+inline zest::io::weight_map hf_llama_weights(const llama_options& options) {
+  const llama_options o = checked(options);
+  const std::size_t w = o.width, heads = o.heads, k = o.kv_heads, g = heads / k, d = w / heads,
+                    hidden = o.hidden;
+  namespace io = zest::io;
+  io::weight_map m;
+  m.convention = "Hugging Face Llama (LlamaForCausalLM)";
+  m.optional_prefix = "model.";
+  m.ignored_suffixes = {"rotary_emb.inv_freq"};  // older files' RoPE buffers
+  auto embed = io::whole_tensor("model.embed_tokens.weight", "wte", {o.vocab, w});
+  if (!o.tied_head) embed.parts.push_back({"lm_head.weight", 0, {1, w}, true});
+  m.tensors.push_back(std::move(embed));
+  for (std::size_t l = 0; l < o.layers; ++l) {
+    const std::string z = message("h", l, "."), f = message("model.layers.", l, ".");
+    m.tensors.push_back(
+        io::whole_tensor(f + "input_layernorm.weight", z + "attn_norm.weight", {w}));
+    // zest "m k g d" -> rows (k g + j) d + e, columns m.
+    io::weight_tensor q{f + "self_attn.q_proj.weight", {heads * d, w}, {}};
+    q.parts.push_back({z + "attn.q.weight", 0, {1, g * d * w, d * w, w}, false});
+    m.tensors.push_back(std::move(q));
+    for (const char* kv : {"k", "v"}) {
+      io::weight_tensor t{f + "self_attn." + kv + "_proj.weight", {k * d, w}, {}};
+      t.parts.push_back({z + "attn." + kv + ".weight", 0, {1, d * w, w}, false});
+      m.tensors.push_back(std::move(t));
+    }
+    // zest "k g d m" -> rows m, columns (k g + j) d + e.
+    io::weight_tensor out{f + "self_attn.o_proj.weight", {w, heads * d}, {}};
+    out.parts.push_back({z + "attn.o.weight", 0, {g * d, d, 1, heads * d}, false});
+    m.tensors.push_back(std::move(out));
+    m.tensors.push_back(
+        io::whole_tensor(f + "post_attention_layernorm.weight", z + "mlp_norm.weight", {w}));
+    m.tensors.push_back(
+        io::transposed_tensor(f + "mlp.gate_proj.weight", z + "mlp.gate.weight", w, hidden));
+    m.tensors.push_back(
+        io::transposed_tensor(f + "mlp.up_proj.weight", z + "mlp.up.weight", w, hidden));
+    m.tensors.push_back(
+        io::transposed_tensor(f + "mlp.down_proj.weight", z + "mlp.down.weight", hidden, w));
+  }
+  m.tensors.push_back(io::whole_tensor("model.norm.weight", "norm_f.weight", {w}));
+  if (!o.tied_head) {
+    m.tensors.push_back(io::transposed_tensor("lm_head.weight", "lm_head.weight", w, o.vocab));
+  }
+  zest::json::value c = zest::json::object{};
+  c["architectures"] = zest::json::array{zest::json::value("LlamaForCausalLM")};
+  c["model_type"] = "llama";
+  c["vocab_size"] = static_cast<std::int64_t>(o.vocab);
+  c["hidden_size"] = static_cast<std::int64_t>(w);
+  c["intermediate_size"] = static_cast<std::int64_t>(hidden);
+  c["num_hidden_layers"] = static_cast<std::int64_t>(o.layers);
+  c["num_attention_heads"] = static_cast<std::int64_t>(heads);
+  c["num_key_value_heads"] = static_cast<std::int64_t>(k);
+  c["head_dim"] = static_cast<std::int64_t>(d);
+  c["max_position_embeddings"] = static_cast<std::int64_t>(o.context);
+  c["rms_norm_eps"] = o.norm_eps;
+  c["rope_theta"] = o.rope_base;
+  c["hidden_act"] = "silu";
+  c["tie_word_embeddings"] = o.tied_head;
+  c["attention_bias"] = false;
+  c["mlp_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  m.config = std::move(c);
   return m;
 }
 
@@ -314,6 +384,7 @@ class llama {
 
   // The options with their defaults resolved (hidden).
   const llama_options& options() const { return options_; }
+  zest::zero_engine<P>& engine() const { return *engine_; }
 
   // Logits "btv" for token ids "bt" (t <= context).
   template <zest::sharded_tensor Ids>
@@ -365,5 +436,12 @@ class llama {
   std::optional<rms_norm_layer<P>> norm_f_;
   std::optional<zest::linear<P, "btm,mv->btv", "mv", "", zest::split_over_tp<P, 'v'>>> lm_head_;
 };
+
+// The model's map (hf_llama_weights): what zest::io::export_safetensors(model, path) writes
+// and import_safetensors reads.
+template <zest::training_policy_type P>
+zest::io::weight_map weight_map_of(const llama<P>& model) {
+  return hf_llama_weights(model.options());
+}
 
 }  // namespace llama_example

@@ -258,6 +258,13 @@ inline const std::vector<option>& options() {
       path_option("--save", "DIR", &zf::save, "a sharded checkpoint at the end"),
       path_option("--load", "DIR", &zf::load,
                   "resume from a checkpoint (any number of ranks, any stage)"),
+      path_option("--export", "F", &zf::export_to,
+                  "the weights at the end as safetensors, Hugging Face's names\n"
+                  "(GPT-2 or Llama; --moe: zest's own); F ending in '/' is a\n"
+                  "folder: F/model.safetensors and F/config.json"),
+      path_option("--init-from", "F", &zf::init_from,
+                  "start from these weights (a file --export wrote, or one of\n"
+                  "Hugging Face's); any ranks, stage, --tp"),
       number_option<std::int64_t>("--sample", "N", &zf::sample, 0, 1000000,
                                   "characters of generated text at the end, 0 for none"),
       number_option<std::int64_t>("--print-every", "N", &zf::print_every, 1, i64max,
@@ -716,6 +723,7 @@ void check_output_paths(const flags& f) {
   add("--log", f.log, false);
   add("--plot", f.plot, false);
   add("--save", f.save, true);
+  add("--export", f.export_to, f.export_to.ends_with('/'));
   const auto named = [](const place& p) { return p.option + " " + p.path; };
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     for (std::size_t j = 0; j < outputs.size(); ++j) {
@@ -810,6 +818,7 @@ void probe_outputs(const flags& f) {
   if (!f.log.empty()) probe("--log", f.log, false);
   if (!f.plot.empty()) probe("--plot", f.plot, false);
   if (!f.save.empty()) probe("--save", f.save, true);
+  if (!f.export_to.empty()) probe("--export", f.export_to, f.export_to.ends_with('/'));
 }
 
 // The machine's memory: the smaller of its RAM and the cgroup's limit, if any.
@@ -845,6 +854,15 @@ void check_run(const flags& f, int world, int ranks_here) {
     fail("--warmup " + std::to_string(f.warmup) + " exceeds --schedule-steps " +
          std::to_string(f.schedule_steps));
   if (f.new_schedule && f.load.empty()) fail("--new-schedule applies to runs with --load");
+  if (!f.init_from.empty() && !f.load.empty())
+    fail(
+        "--init-from and --load exclude each other: --load resumes a run (weights, Adam's "
+        "moments, the step), --init-from starts one from weights");
+  if (!f.init_from.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::exists(f.init_from, ec))
+      fail("--init-from " + f.init_from + ": no such file or folder");
+  }
   if (f.was_given("--loss-scale") && f.precision != "fp16")
     fail("--loss-scale applies to --precision fp16 (this run is " + f.precision + ")");
   if (f.device == "cuda" && f.precision == "fp16")
@@ -888,6 +906,7 @@ void check_run(const flags& f, int world, int ranks_here) {
   if (!f.log.empty()) check_writable("--log", f.log, false);
   if (!f.plot.empty()) check_writable("--plot", f.plot, false);
   if (!f.save.empty()) check_writable("--save", f.save, true);
+  if (!f.export_to.empty()) check_writable("--export", f.export_to, f.export_to.ends_with('/'));
   if (f.tp > 1 && f.device == "cuda") fail("--tp applies to --device cpu");
   if (f.sp > 1 && f.device == "cuda") fail("--sp applies to --device cpu");
   if (world % f.tp != 0)

@@ -35,11 +35,13 @@
 #include "zest/io/checkpoint.hpp"
 #include "zest/mesh/mesh.hpp"
 #include "zest/nn/gpt.hpp"
+#include "zest/nn/gpt_weights.hpp"
 #include "zest/optim/schedule.hpp"
 #include "zest/report/progress.hpp"
 #include "zest/report/training_log.hpp"
 #include "zest/train/checkpoint.hpp"
 #include "zest/train/train_step.hpp"
+#include "zest/train/weights.hpp"
 #include "zest/zero/planner.hpp"
 #include "zest/zero/recomputation.hpp"
 #include "zest/zero/step_inventory.hpp"
@@ -86,6 +88,9 @@ struct flags {
   std::string device = "cpu";
   std::string corpus;
   std::string log, plot, save, load;
+  // Weights as a safetensors file (or a folder's model.safetensors and config.json):
+  // written at the end, read before the first step.
+  std::string export_to, init_from;
   std::int64_t sample = 300;
   std::int64_t print_every = 10;
   bool quiet = false;
@@ -363,6 +368,18 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
   const std::int64_t model_state_bytes = memory.live.load() - before_model;
   const auto params = engine.parameter_count();
 
+  // Weights from elsewhere (Hugging Face's names; an MoE GPT's own names): a fresh start.
+  const auto weights = [&] {
+    if constexpr (Arch::has_experts) {
+      if (f.moe) return zest::io::own_weight_map(engine);
+    }
+    return weight_map_of(model);
+  };
+  if (!f.init_from.empty()) {
+    zest::io::import_safetensors(engine, weights(), f.init_from);
+    if (root && !f.quiet) std::cout << "weights from " << f.init_from << '\n';
+  }
+
   std::int64_t step = 0;
   if (!f.load.empty()) {
     const auto info = zest::load_training_state(
@@ -507,6 +524,10 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
     }
     zest::save_training_state(f.save, engine, step, std::move(config), data.identity());
     if (root && !f.quiet) std::cout << "saved " << f.save << " at step " << step << '\n';
+  }
+  if (!f.export_to.empty()) {
+    zest::io::export_safetensors(engine, weights(), f.export_to);
+    if (root && !f.quiet) std::cout << "exported " << f.export_to << " at step " << step << '\n';
   }
 
   // A sample: the model continues a prompt, one character at a time.

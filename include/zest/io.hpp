@@ -16,6 +16,9 @@
 #include "zest/io/checkpoint.hpp"
 #include "zest/io/checksum.hpp"
 #include "zest/io/manifest.hpp"
+#include "zest/io/safetensors.hpp"
 #include "zest/io/tensor_record.hpp"
 
+#include "zest/nn/gpt_weights.hpp"
 #include "zest/train/checkpoint.hpp"
+#include "zest/train/weights.hpp"

@@ -150,6 +150,7 @@ class gpt {
   gpt& operator=(const gpt&) = delete;
 
   const gpt_options& options() const { return options_; }
+  zero_engine<P>& engine() const { return *engine_; }
 
   // Logits "btv" for token ids "bt" (t <= context).
   template <sharded_tensor Ids>

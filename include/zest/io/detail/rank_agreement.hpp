@@ -19,6 +19,7 @@
 
 #include "zest/core/dtype.hpp"
 #include "zest/core/error.hpp"
+#include "zest/io/checksum.hpp"
 #include "zest/io/detail/checkpoint_files.hpp"
 #include "zest/io/tensor_record.hpp"
 
