@@ -258,6 +258,17 @@ inline const std::vector<option>& options() {
       path_option("--save", "DIR", &zf::save, "a sharded checkpoint at the end"),
       path_option("--load", "DIR", &zf::load,
                   "resume from a checkpoint (any number of ranks, any stage)"),
+      number_option<std::int64_t>("--save-every", "N", &zf::save_every, 1, i64max,
+                                  "--save: a checkpoint every N steps too (each replacing\n"
+                                  "the last), not only at the end",
+                                  false, false, "--save: at the end only"),
+      switch_option("--async-save", &zf::async_save,
+                    "--save: the shards written while training goes on (the next\n"
+                    "save or the end commits each); the optimizer's update waits\n"
+                    "for a shard still being written"),
+      switch_option("--new-data", &zf::new_data,
+                    "--load: continue in another data stream (another --batch or\n"
+                    "--seed: another order of batches) from the checkpoint's step"),
       path_option("--export", "F", &zf::export_to,
                   "the weights at the end as safetensors, Hugging Face's names\n"
                   "(GPT-2 or Llama; --moe: zest's own); F ending in '/' is a\n"
@@ -854,6 +865,11 @@ void check_run(const flags& f, int world, int ranks_here) {
     fail("--warmup " + std::to_string(f.warmup) + " exceeds --schedule-steps " +
          std::to_string(f.schedule_steps));
   if (f.new_schedule && f.load.empty()) fail("--new-schedule applies to runs with --load");
+  if (f.save.empty()) {
+    for (const char* o : {"--save-every", "--async-save"})
+      if (f.was_given(o)) fail(std::string(o) + " applies to runs with --save");
+  }
+  if (f.new_data && f.load.empty()) fail("--new-data applies to runs with --load");
   if (!f.init_from.empty() && !f.load.empty())
     fail(
         "--init-from and --load exclude each other: --load resumes a run (weights, Adam's "

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -91,6 +92,9 @@ struct flags {
   // Weights as a safetensors file (or a folder's model.safetensors and config.json):
   // written at the end, read before the first step.
   std::string export_to, init_from;
+  std::int64_t save_every = 0;  // --save every N steps too (0: at the end only)
+  bool async_save = false;      // --save's shards written beside the training
+  bool new_data = false;        // --load: continue in another data stream (batch, seed)
   std::int64_t sample = 300;
   std::int64_t print_every = 10;
   bool quiet = false;
@@ -382,8 +386,19 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
 
   std::int64_t step = 0;
   if (!f.load.empty()) {
-    const auto info = zest::load_training_state(
-        f.load, engine, {.corpus = data.identity(), .allow_other_corpus = false});
+    // The data stream: the sampler's batches are its positions (batch k at step k).
+    const zest::stream_state stream = zest::stream_cursor(sampler).state();
+    const auto info = zest::load_training_state(f.load, engine,
+                                                {.corpus = data.identity(),
+                                                 .allow_other_corpus = false,
+                                                 .data = stream,
+                                                 .allow_other_data = f.new_data});
+    if (const auto saved = zest::stream_state_of(info); f.new_data && root) {
+      const std::string d = saved ? zest::stream_difference(*saved, stream)
+                                  : std::string("the checkpoint records no data stream");
+      std::cout << "note: --new-data: " << (d.empty() ? "the same data stream" : d)
+                << "; the batches continue at step " << info.step << " of this run's stream\n";
+    }
     zest::json::value saved = info.metadata["config"];
     if constexpr (Arch::has_experts) {
       // The routing biases are state (balancing without an aux loss): resumed as saved.
@@ -457,6 +472,50 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
                 estimate_memory(f, mesh_sizes(f, mesh.world_size())), step);
   if (inventory) log.set("inventory", inventory_json(*inventory));
 
+  // --save: at the end, and every --save-every steps; with --async-save each save's shards
+  // are written while training goes on; the next save agrees on them and has rank 0 write
+  // the manifest beside the training, and the one after (or the end) agrees on that commit.
+  // The stall, the time the loop spends in a save, is kept per save.
+  zest::io::pending_save committing, pending;
+  std::vector<double> stalls;
+  std::int64_t saved_step = -1;
+  const auto save = [&](std::int64_t at_step) {
+    const auto start = std::chrono::steady_clock::now();
+    zest::json::value config = config_json(f, data.vocab_size());
+    config["schedule"] = schedule_json(schedule);  // resolve_schedule reads it on --load
+    if constexpr (Arch::has_experts) {
+      if (f.moe && f.bias_update_rate > 0)
+        config["routing_bias"] = routing_bias_json(model.routing_biases());
+    }
+    if (f.async_save) {
+      // The save before last agreed; this one started; the last one's manifest written
+      // beside the next steps (started last, so that its thread does not slow this call).
+      committing.wait();
+      zest::io::pending_save started = zest::save_training_state_async(
+          f.save, engine, at_step, std::move(config), data.identity(),
+          zest::stream_cursor(sampler, at_step).state());
+      pending.start_commit();
+      committing = std::move(pending);
+      pending = std::move(started);
+    } else {
+      zest::save_training_state(f.save, engine, at_step, std::move(config), data.identity(),
+                                zest::stream_cursor(sampler, at_step).state());
+    }
+    saved_step = at_step;
+    (void)engine.take_held_seconds();  // a wait inside this save: counted below already
+    stalls.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  };
+  // The last save committed, its wait counted in its stall.
+  const auto finish_saves = [&] {
+    if (!committing.pending() && !pending.pending()) return;
+    const auto start = std::chrono::steady_clock::now();
+    committing.wait();
+    pending.wait();
+    stalls.back() +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+
   zest::report::progress_line progress(f.steps, (root && !f.quiet) ? stdout : nullptr);
   const double tokens_per_step = static_cast<double>(f.batch * f.context);
   double last_loss = std::nan("");
@@ -469,6 +528,8 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
                                     zest::splitmix64(f.seed ^ static_cast<std::uint64_t>(step)));
     last_loss = r.loss;
     seconds += r.seconds;
+    // An asynchronous save's shard still being written when the update came: its stall too.
+    if (!stalls.empty()) stalls.back() += engine.take_held_seconds();
     ++trained;
     moe_figures moe;
     if constexpr (Arch::has_experts) {
@@ -497,33 +558,45 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
             divergence(step, r, P::loss_scaling, engine.loss_scaler().min_scale());
         !why.empty()) {
       progress.finish();
+      finish_saves();  // every rank is here: the save before the divergence is committed
       if (root) {
         if (!f.log.empty()) {
           log.set_summary("diverged_at_step", step + 1);
           log.set_summary("steps_trained", trained);
           log.write(f.log);
         }
-        const std::string line = "[rank 0] " + why +
-                                 (f.log.empty() ? "" : "; the log is in " + f.log) +
-                                 (f.save.empty() ? "" : "; nothing was saved") + "\n";
+        const std::string line =
+            "[rank 0] " + why + (f.log.empty() ? "" : "; the log is in " + f.log) +
+            (f.save.empty()   ? ""
+             : saved_step < 0 ? "; nothing was saved"
+                              : "; " + f.save + " holds step " + std::to_string(saved_step)) +
+            "\n";
         std::fwrite(line.data(), 1, line.size(), stderr);
         std::fflush(stderr);
       }
       MPI_Barrier(MPI_COMM_WORLD);
       return 1;
     }
+    if (!f.save.empty() && f.save_every > 0 && (step + 1) % f.save_every == 0 &&
+        step + 1 < f.steps) {
+      save(step + 1);
+    }
   }
   progress.finish();
 
   if (!f.save.empty()) {
-    zest::json::value config = config_json(f, data.vocab_size());
-    config["schedule"] = schedule_json(schedule);  // resolve_schedule reads it on --load
-    if constexpr (Arch::has_experts) {
-      if (f.moe && f.bias_update_rate > 0)
-        config["routing_bias"] = routing_bias_json(model.routing_biases());
+    save(step);
+    finish_saves();
+    if (root && !f.quiet) {
+      std::vector<double> sorted = stalls;
+      std::sort(sorted.begin(), sorted.end());
+      std::cout << "saved " << f.save << " at step " << step << " (" << stalls.size()
+                << (stalls.size() == 1 ? " save" : " saves") << (f.async_save ? ", async" : "")
+                << "; stall per save: median "
+                << zest::report::format_number(1e3 * sorted[sorted.size() / 2], 3) << " ms)\n";
     }
-    zest::save_training_state(f.save, engine, step, std::move(config), data.identity());
-    if (root && !f.quiet) std::cout << "saved " << f.save << " at step " << step << '\n';
+    log.set_summary("save_stall_s",
+                    zest::json::value(zest::json::array(stalls.begin(), stalls.end())));
   }
   if (!f.export_to.empty()) {
     zest::io::export_safetensors(engine, weights(), f.export_to);

@@ -229,6 +229,19 @@ void fresh_old_checkpoint(const fs::path& dir, const world_mesh& m) {
   io::save_checkpoint(dir, m, old.records(), labelled(10, "old"));
 }
 
+// ZEST_CHECKPOINT_FAULT_ASYNC=1: the save under test is save_checkpoint_async's, its shard
+// written on a background thread, committed by wait().
+void save_under_test(const fs::path& dir, const world_mesh& m,
+                     std::span<const io::tensor_record> records, const io::checkpoint_info& info) {
+  const char* async = std::getenv("ZEST_CHECKPOINT_FAULT_ASYNC");
+  if (async != nullptr && std::string_view(async) == "1") {
+    io::pending_save pending = io::save_checkpoint_async(dir, m, records, info);
+    pending.wait();
+  } else {
+    io::save_checkpoint(dir, m, records, info);
+  }
+}
+
 int run(int argc, char** argv) {
   if (argc < 3) fail("usage: checkpoint_fault count|fault|verify DIR [RANK K eio|kill]");
   const std::string mode = argv[1];
@@ -247,7 +260,7 @@ int run(int argc, char** argv) {
   if (mode == "count") {
     plan = {};
     detail::file_fault() = &hook;
-    io::save_checkpoint(dir, m, records, labelled(10, "new"));
+    save_under_test(dir, m, records, labelled(10, "new"));
     detail::file_fault() = nullptr;
     std::array<long, 1> mine{plan.seen};
     std::vector<long> all(static_cast<std::size_t>(m.world_size()));
@@ -265,7 +278,7 @@ int run(int argc, char** argv) {
   int threw = 0;
   std::string what;
   try {
-    io::save_checkpoint(dir, m, records, labelled(10, "new"));
+    save_under_test(dir, m, records, labelled(10, "new"));
   } catch (const checkpoint_error& e) {
     threw = 1;
     what = e.what();

@@ -406,6 +406,71 @@ TEST_CASE("save on the world mesh, load into the same and other layouts, bit-exa
   }
 }
 
+TEST_CASE("an asynchronous save: committed by wait(), its shards taken before written() returns") {
+  world_mesh m(MPI_COMM_WORLD, {-1});
+  shared_dir dir("async");
+  saved_model<world_mesh> model(m);
+  io::checkpoint_info info;
+  info.step = 1;
+  io::save_checkpoint(dir.path(), m, model.records(), info);
+
+  // Step 2 in the background: until wait(), the folder holds step 1.
+  info.step = 2;
+  info.metadata = json::parse(R"({"async": true})");
+  {
+    io::pending_save pending = io::save_checkpoint_async(dir.path(), m, model.records(), info);
+    CHECK(pending.pending());
+    pending.written();
+    CHECK(io::read_checkpoint_info(dir.path()).step == 1);
+    // After written() the tensors may change: the checkpoint keeps what they held.
+    for (const auto b :
+         {std::as_writable_bytes(model.wte.local()), std::as_writable_bytes(model.ln.local())}) {
+      std::memset(b.data(), 0, b.size());
+    }
+    pending.wait();
+    CHECK_FALSE(pending.pending());
+    pending.wait();  // nothing pending: nothing to do
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const io::checkpoint_info read = io::read_checkpoint_info(dir.path());
+  CHECK(read.step == 2);
+  CHECK(read.metadata == info.metadata);
+  {
+    other_layouts<world_mesh> into(m);
+    io::load_checkpoint(dir.path(), m, into.records());
+    CHECK(into.wrong() == 0);
+  }
+  for (const auto& name : file_names(dir.path())) {
+    CAPTURE(name);
+    CHECK(name.find(".tmp") == std::string::npos);
+    CHECK(name.find("step-00000001") == std::string::npos);  // the old generation removed
+  }
+
+  // Abandoned without wait(): the folder keeps step 2; the next save removes the leftover.
+  saved_model<world_mesh> fresh(m);
+  info.step = 3;
+  { io::pending_save dropped = io::save_checkpoint_async(dir.path(), m, fresh.records(), info); }
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(io::read_checkpoint_info(dir.path()).step == 2);
+  info.step = 4;
+  io::pending_save next = io::save_checkpoint_async(dir.path(), m, fresh.records(), info);
+  next.wait();
+  MPI_Barrier(MPI_COMM_WORLD);  // rank 0 removes the stale files after the commit
+  for (const auto& name : file_names(dir.path())) {
+    CAPTURE(name);
+    CHECK((name == "manifest.json" || name.find("step-00000004") == 0));
+  }
+  same_layouts<world_mesh> into(m);
+  io::load_checkpoint(dir.path(), m, into.records());
+  CHECK(into.wrong() == 0);
+
+  // Bad records are refused at once, on every rank; nothing is pending.
+  auto bad = fresh.records();
+  bad[1].name = bad[0].name;
+  CHECK_THROWS_AS((void)io::save_checkpoint_async(dir.path(), m, bad, info), shape_error);
+  CHECK(io::read_checkpoint_info(dir.path()).step == 4);
+}
+
 TEST_CASE("resharding across rank counts within one job") {
   const int n = world().size;
   world_mesh m(MPI_COMM_WORLD, {-1});

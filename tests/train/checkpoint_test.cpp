@@ -7,16 +7,23 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <span>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "support/streams.hpp"
 #include "train/training_fixture.hpp"
 #include "zest/core/error.hpp"
 #include "zest/core/files.hpp"
 #include "zest/core/json.hpp"
+#include "zest/data/stream.hpp"
 #include "zest/data/text_dataset.hpp"
 #include "zest/io/checksum.hpp"
 #include "zest/train/checkpoint.hpp"
@@ -78,6 +85,108 @@ TEST_CASE("a run saved on 2 ranks resumes on N ranks and on 1 with the same loss
     CHECK(load_training_state(dir / "ckpt", engine).step == 10);
     check_same_losses(train_steps(engine, model, 10, 10), rest);
   }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an asynchronous save while training goes on resumes exactly") {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const auto dir = shared_temp_dir("async");
+  const auto mesh = make_world_mesh();
+  zero_engine<loading_policy> ref_engine(mesh, {.seed = 31});
+  gpt<loading_policy> ref_model(ref_engine, small_gpt());
+  const auto reference = train_steps(ref_engine, ref_model, 0, 8);
+
+  zero_engine<loading_policy> engine(mesh, {.seed = 31});
+  gpt<loading_policy> model(engine, small_gpt());
+  check_same_losses(train_steps(engine, model, 0, 3), {reference.begin(), reference.begin() + 3});
+  // Slow file operations: the shards are still being written when the next steps begin,
+  // whose updates must wait for them (zero_engine::hold_states).
+  detail::file_fault() = [](detail::file_op, const std::filesystem::path&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return 0;
+  };
+  io::pending_save pending = save_training_state_async(dir / "ckpt", engine, 3);
+  check_same_losses(train_steps(engine, model, 3, 2),
+                    {reference.begin() + 3, reference.begin() + 5});
+  pending.wait();
+  detail::file_fault() = nullptr;
+  CHECK(io::read_checkpoint_info(dir / "ckpt").step == 3);
+
+  zero_engine<saving_policy> resumed(mesh, {.seed = 999});
+  gpt<saving_policy> resumed_model(resumed, small_gpt());
+  CHECK(load_training_state(dir / "ckpt", resumed).step == 3);
+  check_same_losses(train_steps(resumed, resumed_model, 3, 5),
+                    {reference.begin() + 3, reference.end()});
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "a loader's position in the checkpoint: resumed on other ranks and layouts, the same ids") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const auto dir = shared_temp_dir("stream");
+  // A user's loader (tests/support/streams.hpp), ids within the model's vocabulary.
+  const zest::testing::shuffled_windows loader(3000, small_batch, small_gpt().context, 5, 96);
+
+  // 4 steps on the first two ranks (or one), each on the cursor's next batch; then save.
+  const int savers = std::min(world, 2);
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < savers ? 0 : MPI_UNDEFINED, rank, &sub);
+  if (sub != MPI_COMM_NULL) {
+    {
+      const world_mesh two(sub, {savers});
+      zero_engine<saving_policy> engine(two, {.seed = 41});
+      gpt<saving_policy> model(engine, small_gpt());
+      stream_cursor cursor(loader);
+      for (std::int64_t k = 0; k < 4; ++k) {
+        const auto [in, tg] = cursor.next<layout<split<'b', "dp">>>(two);
+        (void)train_step(engine, model, in, tg, learning_rate(k), static_cast<std::uint64_t>(k));
+      }
+      save_training_state(dir / "ckpt", engine, 4, {}, {}, cursor.state());
+    }
+    MPI_Comm_free(&sub);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // Resumed on every rank of the job, the batch split over dp and ep and the sequence over
+  // sp and tp in each shape the job allows: batches 4, 5, ... whole, as the uninterrupted
+  // loader gives them.
+  const auto mesh = make_world_mesh();
+  zero_engine<loading_policy> engine(mesh, {.seed = 999});
+  gpt<loading_policy> model(engine, small_gpt());
+  stream_cursor cursor(loader);
+  const auto info = load_training_state(dir / "ckpt", engine, {.data = cursor.state()});
+  REQUIRE(stream_state_of(info).has_value());
+  CHECK(cursor.restore(*stream_state_of(info)).empty());
+  CHECK(cursor.position() == 4);
+  using grid = zest::mesh<"dp", "ep", "tp", "sp">;
+  std::vector<std::array<int, 4>> shapes{{world, 1, 1, 1}};
+  if (world == 4) shapes.insert(shapes.end(), {{1, 2, 1, 2}, {2, 1, 2, 1}, {1, 1, 2, 2}});
+  if (world == 2) shapes.insert(shapes.end(), {{1, 2, 1, 1}, {1, 1, 1, 2}});
+  for (const auto& shape : shapes) {
+    CAPTURE(shape);
+    const grid g(MPI_COMM_WORLD, shape);
+    const auto [in, tg] = cursor.next<layout<split<'b', "dp", "ep">, split<'t', "sp", "tp">>>(g);
+    const auto want = stream_global_batch(loader, cursor.position() - 1);
+    CHECK(to_global(in) == want.inputs);
+    CHECK(to_global(tg) == want.targets);
+  }
+
+  // Another stream (another global batch) is refused, naming it, unless allowed.
+  const zest::testing::shuffled_windows wider(3000, 2 * small_batch, small_gpt().context, 5, 96);
+  stream_cursor other(wider);
+  CHECK_THROWS_WITH_AS(load_training_state(dir / "ckpt", engine, {.data = other.state()}),
+                       doctest::Contains("global batch: saved 8 rows, this run 16"),
+                       checkpoint_error);
+  const auto taken =
+      load_training_state(dir / "ckpt", engine, {.data = other.state(), .allow_other_data = true});
+  CHECK(other.restore(*stream_state_of(taken), {.allow_other = true}) ==
+        "global batch: saved 8 rows, this run 16");
+  CHECK(other.position() == 4);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(dir);
 }

@@ -211,8 +211,13 @@ def cmd_resume(a):
     whole, part1, part2 = (os.path.join(a.dir, n) for n in ("whole.json", "a.json", "b.json"))
     ckpt = os.path.join(a.dir, "ckpt")
     run(mpi(2) + ["--zero", "3", "--steps", "20", "--log", whole])
-    run(mpi(2) + ["--zero", "3", "--schedule-steps", "20", "--steps", "10", "--save", ckpt,
-                  "--log", part1])
+    # --save-args: how the first part saves (--async-save --save-every 3: saves at steps 3, 6
+    # and 9 written while training goes on, each committed by the next, then step 10's).
+    p, _ = run(mpi(2) + ["--zero", "3", "--schedule-steps", "20", "--steps", "10", "--save", ckpt,
+                         "--log", part1] + a.save_args.split())
+    if a.save_args and not re.search(r"saved \S+ at step 10 \(4 saves, async; stall per save",
+                                     p.stdout):
+        fail("the run with %s did not report its 4 saves" % a.save_args, p.stdout)
     # Another --schedule-steps on resume is refused, naming the checkpoint's.
     p, _ = run(mpi(4) + ["--zero", "1", "--steps", "20", "--schedule-steps", "30", "--load",
                          ckpt], expect_ok=False)
@@ -240,11 +245,18 @@ def cmd_resume(a):
                          os.path.join(ckpt, "manifest.json")], expect_ok=False)
     if p.returncode != 1 or "is inside the --save folder" not in p.stdout:
         fail("--plot into the --save folder was not refused", p.stdout)
-    # Other settings that no tensor shows: a note naming each, with both values (no steps).
-    p, _ = run(mpi(2) + ["--steps", "10", "--load", ckpt, "--seed", "7"])
+    # Another data stream (here another --seed: another order of batches) is refused, naming
+    # both; with --new-data it is taken, with a note naming each other setting.
+    p, _ = run(mpi(2) + ["--steps", "10", "--load", ckpt, "--seed", "7"], expect_ok=False)
+    if p.returncode != 1 or not re.search(
+            r"the checkpoint's data stream differs from this run's \(identity: saved "
+            r"\"batch_sampler seed=1234 tokens=\d+ xxh64:[0-9a-f]+\", this run \"batch_sampler "
+            r"seed=7 ", p.stdout):
+        fail("a resume with another --seed was not refused as another data stream", p.stdout)
+    p, _ = run(mpi(2) + ["--steps", "10", "--load", ckpt, "--seed", "7", "--new-data"])
     if "note: the checkpoint was trained with other settings: --seed 1234 (this run: 7)" \
-            not in p.stdout:
-        fail("the note on other settings does not name the seed and both values", p.stdout)
+            not in p.stdout or "note: --new-data: identity: saved" not in p.stdout:
+        fail("--new-data did not report the other settings and the other stream", p.stdout)
     run(mpi(4) + ["--zero", "1", "--steps", "20", "--load", ckpt, "--log", part2])
     a_steps = read_log(whole)["steps"]
     b_steps = read_log(part1)["steps"] + read_log(part2)["steps"]
@@ -576,6 +588,7 @@ def main():
     s = sub.add_parser("resume")
     for o in ("--mpiexec", "--np-flag", "--train-gpt", "--dir"):
         s.add_argument(o, required=True)
+    s.add_argument("--save-args", default="")
     s.add_argument("args", nargs=argparse.REMAINDER)
     s = sub.add_parser("inventory")
     for o in ("--mpiexec", "--np-flag", "--train-gpt", "--dir"):

@@ -18,11 +18,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "zest/core/error.hpp"
 #include "zest/core/fixed_string.hpp"
 #include "zest/core/random.hpp"
+#include "zest/data/stream.hpp"
+#include "zest/io/checksum.hpp"
 #include "zest/layout/layout.hpp"
 #include "zest/layout/placement.hpp"
 #include "zest/tensor/tensor.hpp"
@@ -34,13 +37,6 @@ namespace zest {
 constexpr std::uint64_t counter_hash(std::uint64_t seed, std::uint64_t step, std::uint64_t row) {
   return splitmix64(splitmix64(splitmix64(seed) ^ step) ^ row);
 }
-
-// A batch's inputs and its next-token targets, of the same type and layout.
-template <class Tokens>
-struct token_batch {
-  Tokens inputs;
-  Tokens targets;
-};
 
 // Token ids "bt" with the batch dim split over mesh axis Axis: the data-parallel layout.
 template <class Mesh, fixed_string Axis>
@@ -54,7 +50,9 @@ class batch_sampler {
       : tokens_(tokens.begin(), tokens.end()),
         batch_size_(batch_size),
         length_(sequence_length),
-        seed_(seed) {
+        seed_(seed),
+        identity_(detail::message("batch_sampler seed=", seed, " tokens=", tokens.size(), " ",
+                                  io::format_checksum(io::xxh64(std::as_bytes(tokens))))) {
     if (batch_size_ == 0 || length_ == 0) {
       throw shape_error(detail::message("zest: batch_sampler: batch size ", batch_size_,
                                         " and sequence length ", length_,
@@ -79,6 +77,18 @@ class batch_sampler {
     return static_cast<std::size_t>(counter_hash(seed_, step, row) % window_count());
   }
 
+  // As a zest::token_stream (zest/data/stream.hpp): what decides the batches (the seed and
+  // the text: "batch_sampler seed=1234 tokens=N xxh64:..."), and row `row` of batch `step`.
+  const std::string& identity() const { return identity_; }
+  void row(std::uint64_t step, std::size_t row, std::span<std::int32_t> inputs,
+           std::span<std::int32_t> targets) const {
+    const std::size_t s = start(step, row);
+    for (std::size_t t = 0; t < length_; ++t) {
+      inputs[t] = tokens_[s + t];
+      targets[t] = tokens_[s + 1 + t];
+    }
+  }
+
   // The global batch as row-major B x T arrays, the same on every rank: for references
   // and for code that does not use a mesh.
   token_batch<std::vector<std::int32_t>> global_batch(std::uint64_t step) const {
@@ -101,12 +111,7 @@ class batch_sampler {
   template <class Layout, class Mesh>
   token_batch<tensor<std::int32_t, Mesh, "bt", Layout>> batch(const Mesh& mesh,
                                                               std::uint64_t step) const {
-    using tokens_t = tensor<std::int32_t, Mesh, "bt", Layout>;
-    static_assert(
-        !tokens_t::layout.any_partial(),
-        "zest batch_sampler::batch: token ids cannot be a partial sum; use split<'b', \"dp\"> "
-        "or replicate on that axis");
-    return {fill<tokens_t>(mesh, step, 0), fill<tokens_t>(mesh, step, 1)};
+    return stream_batch<Layout>(*this, mesh, step);
   }
 
   // The data-parallel batch: rows split over mesh axis Axis in balanced blocks.
@@ -116,24 +121,11 @@ class batch_sampler {
   }
 
  private:
-  // generate() visits this rank's elements row by row: the start is hashed once per row.
-  template <class X>
-  X fill(const typename X::mesh_type& mesh, std::uint64_t step, std::size_t shift) const {
-    std::size_t row = static_cast<std::size_t>(-1);
-    std::size_t first = 0;
-    return X::generate(mesh, {batch_size_, length_}, [&](const typename X::extents_type& i) {
-      if (i[0] != row) {
-        row = i[0];
-        first = start(step, row) + shift;
-      }
-      return tokens_[first + i[1]];
-    });
-  }
-
   std::vector<std::int32_t> tokens_;
   std::size_t batch_size_;
   std::size_t length_;
   std::uint64_t seed_;
+  std::string identity_;
 };
 
 }  // namespace zest

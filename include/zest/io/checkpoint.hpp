@@ -10,6 +10,10 @@
 //   zest::io::checkpoint_info info = zest::io::read_checkpoint_info("ckpt");  // no MPI
 //   zest::io::load_checkpoint("ckpt", other_mesh, other_recs);
 //
+//   auto pending = zest::io::save_checkpoint_async("ckpt", mesh, recs, info);  // returns at
+//   ...                           // once: the shards written on a thread, the tensors unchanged
+//   pending.wait();               // until written(); collective: commits (see pending_save)
+//
 // A checkpoint is a folder:
 //
 //   manifest.json                                  written last, by rank 0: what is where
@@ -38,8 +42,9 @@
 //   reported its shard durable, and the manifest's rename is the one commit point: before
 //   it the old manifest names the old files, which are intact; after it the new one names
 //   the new files, which are on disk;
-// - only after the commit, agreed by every rank, does rank 0 remove what the new manifest
-//   does not name: the older generations, and the leftovers of saves that failed;
+// - only after its commit (the rename and the folder's flush) does rank 0 remove what the
+//   new manifest does not name: the older generations, and the leftovers of saves that
+//   failed, never the files of a save still in progress (an asynchronous one's);
 // - a failure on any rank is thrown on every rank (checkpoint_error with the failing
 //   rank's message, or shape_error for a misuse), never a hang. A failure after the rename
 //   (the folder's flush) throws although the new checkpoint is in place;
@@ -88,6 +93,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
@@ -108,21 +114,183 @@
 
 namespace zest::io {
 
-// Collective over mesh.world(): saves the tensors as the checkpoint of `info.step` in `dir`
-// (created if missing), atomically (see the top of this header). info.mesh and
-// info.world_size are ignored: they come from `mesh`. Throws shape_error for bad records (a
-// repeated name, ranks passing different lists) and checkpoint_error for I/O failures, on
-// every rank.
+namespace detail {
+
+// One save from its first agreement to its commit, on this rank: what the writer of the
+// shard (this thread or a background one) and the commit share.
+struct save_state {
+  struct written {
+    std::size_t tensor;
+    std::uint64_t offset, bytes, checksum;
+  };
+  std::filesystem::path dir, shard;
+  std::int64_t step = 0;
+  std::uint64_t generation = 0;
+  std::vector<tensor_record> tensors;  // views of the blocks, read by write_shard only
+  std::vector<written> blocks;         // this rank's, in file order
+  bool shard_in_place = false;
+  outcome wrote;
+  std::thread writer;
+  // The rest, in three parts: the shards agreed and listed (collective), rank 0's manifest
+  // and cleanup (files only: here or on `committer`), the commit agreed (collective).
+  std::function<void()> gather, write_manifest, agree_commit;
+  std::thread committer;
+  outcome manifest;
+  bool manifest_in_place = false;
+  enum class phase : std::uint8_t { shards, manifest, done } at = phase::shards;
+  bool registered = false;  // rank 0: in saves_in_flight until done or given up
+
+  // Step 2: this rank's shard file, a name no manifest uses: its blocks back to back, each
+  // checksummed as it is written, durable before the commit hears of it. No communication,
+  // so that it can run beside the training on a thread of its own.
+  void write_shard() {
+    wrote = attempt("save_checkpoint", [&] {
+      if (blocks.empty()) return;
+      atomic_file_writer out(shard, "save_checkpoint");
+      for (auto& b : blocks) {
+        const std::span<const std::byte> data = tensors[b.tensor].bytes;
+        xxh64_state hash;
+        for (std::size_t at = 0; at < data.size(); at += write_chunk_bytes) {
+          const auto piece = data.subspan(at, std::min(write_chunk_bytes, data.size() - at));
+          hash.update(piece);
+          out.write(piece);
+        }
+        b.checksum = hash.digest();
+      }
+      try {
+        out.commit();
+      } catch (...) {
+        shard_in_place = out.renamed();
+        throw;
+      }
+      shard_in_place = true;
+    });
+  }
+  void join() {
+    if (writer.joinable()) writer.join();
+  }
+  void join_all() {
+    join();
+    if (committer.joinable()) committer.join();
+  }
+  void unregister() {
+    if (registered) saves_in_flight::instance().remove(generation);
+    registered = false;
+  }
+  // Collective: the shards agreed, rank 0's manifest written (on a thread when `background`).
+  void start_commit(bool background) {
+    join();
+    at = phase::done;  // unless what follows succeeds
+    try {
+      gather();
+    } catch (...) {
+      unregister();
+      throw;
+    }
+    at = phase::manifest;
+    if (background) {
+      committer = std::thread([this] { write_manifest(); });
+    } else {
+      write_manifest();
+    }
+  }
+  // Collective: the commit agreed (its failure thrown on every rank).
+  void finish() {
+    join_all();
+    at = phase::done;
+    try {
+      agree_commit();
+    } catch (...) {
+      unregister();
+      throw;
+    }
+    unregister();
+  }
+};
+
+}  // namespace detail
+
+// A save whose shards are being written (save_checkpoint_async). The records' memory must
+// stay as it was until written() returns on this rank; wait() commits the save.
+class pending_save {
+ public:
+  pending_save() = default;
+  explicit pending_save(std::shared_ptr<detail::save_state> state) : state_(std::move(state)) {}
+  pending_save(pending_save&&) noexcept = default;
+  pending_save& operator=(pending_save&& other) noexcept {
+    if (this != &other) {
+      abandon();
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  pending_save(const pending_save&) = delete;
+  pending_save& operator=(const pending_save&) = delete;
+  // A save never waited for is not committed: the folder keeps the checkpoint it had (the
+  // new shard, named by no manifest, goes with the next save's cleanup).
+  ~pending_save() { abandon(); }
+
+  // Started and not yet committed (or failed).
+  bool pending() const { return state_ && state_->at != detail::save_state::phase::done; }
+  // This rank's shard is on disk (not collective): the records' memory may change now.
+  void written() const {
+    if (state_) state_->join();
+  }
+  // A function that blocks as written() does, for a caller that must not change the
+  // records' memory before it (zero_engine::wait_before_update).
+  std::function<void()> written_fence() const {
+    return [state = state_] {
+      if (state) state->join();
+    };
+  }
+  // Collective over the saving mesh's world: waits for every rank's shard and commits, as
+  // save_checkpoint does after writing; throws what save_checkpoint throws, on every rank.
+  // Nothing to do when nothing is pending.
+  void wait(source_site at = source_site::current()) {
+    if (!pending()) return;
+    const user_call user(at);
+    if (state_->at == detail::save_state::phase::shards) state_->start_commit(false);
+    state_->finish();
+  }
+  // Collective, for a caller that saves again soon: the shards agreed (what wait() throws for
+  // a shard that failed, it throws here), and rank 0's manifest written and the old files
+  // removed on a thread; wait() then only agrees on the commit. Until then the folder holds
+  // the previous checkpoint or this one. Nothing to do unless the shards are pending.
+  void start_commit(source_site at = source_site::current()) {
+    if (!pending() || state_->at != detail::save_state::phase::shards) return;
+    const user_call user(at);
+    state_->start_commit(true);
+  }
+
+ private:
+  void abandon() noexcept {
+    if (!state_) return;
+    state_->join_all();
+    state_->unregister();
+  }
+  std::shared_ptr<detail::save_state> state_;
+};
+
+// Collective over mesh.world(): save_checkpoint, with this rank's shard written on a
+// background thread; returns once the ranks agreed on the records and drew the save's
+// generation. The records' memory must stay unchanged until the result's written() (a
+// training loop keeps the optimizer from updating the states: zero_engine's
+// wait_before_update), and `mesh` must outlive the result. The result's wait() commits
+// (collective): until then the folder holds the previous checkpoint; a second save into
+// the folder waits for this one first. No MPI call is made off the calling thread, so
+// MPI_THREAD_FUNNELED suffices. Throws what save_checkpoint throws, from here (the
+// records, the folder) or from wait() (the files, the commit).
 template <class Mesh>
-void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
-                     std::span<const tensor_record> tensors, const checkpoint_info& info,
-                     source_site at = source_site::current()) {
+pending_save save_checkpoint_async(const std::filesystem::path& dir, const Mesh& mesh,
+                                   std::span<const tensor_record> tensors,
+                                   const checkpoint_info& info,
+                                   source_site at = source_site::current(),
+                                   bool background = true) {
   const user_call user(at);
   namespace d = detail;
   constexpr std::string_view op = "save_checkpoint";
   auto& world = mesh.world();
   const int rank = world.rank();
-  const auto n = static_cast<std::size_t>(world.size());
 
   // 1. The records are sound and the same on every rank; rank 0 makes the folder and draws
   // this save's generation, which every rank gets.
@@ -142,168 +310,185 @@ void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
            }));
   d::agree_on_list(world, op, tensors);
   world.template broadcast<std::int64_t>(std::span<std::int64_t>(generation_word), 0);
-  const auto generation = std::bit_cast<std::uint64_t>(generation_word[0]);
 
-  // 2. This rank's shard file, a name no manifest uses: its blocks back to back, each
-  // checksummed as it is written, durable before this rank reports success.
-  struct written {
-    std::size_t tensor;
-    std::uint64_t offset, bytes, checksum;
-  };
-  std::vector<written> blocks;
-  const std::filesystem::path shard = dir / d::shard_file_name(info.step, generation, rank);
-  bool shard_in_place = false;
-  const d::outcome wrote = d::attempt(op, [&] {
-    std::uint64_t offset = 0;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      if (!tensors[i].writes || tensors[i].bytes.empty()) continue;
-      blocks.push_back({i, offset, tensors[i].bytes.size(), 0});
-      offset += tensors[i].bytes.size();
-    }
-    if (blocks.empty()) return;
-    atomic_file_writer out(shard, op);
-    for (auto& b : blocks) {
-      const std::span<const std::byte> data = tensors[b.tensor].bytes;
-      xxh64_state hash;
-      for (std::size_t at = 0; at < data.size(); at += d::write_chunk_bytes) {
-        const auto piece = data.subspan(at, std::min(d::write_chunk_bytes, data.size() - at));
-        hash.update(piece);
-        out.write(piece);
-      }
-      b.checksum = hash.digest();
-    }
-    try {
-      out.commit();
-    } catch (...) {
-      shard_in_place = out.renamed();
-      throw;
-    }
-    shard_in_place = true;
-  });
-  try {
-    d::agree(world, wrote);
-  } catch (...) {
-    // No manifest names this generation: its shards are garbage already (best effort; a
-    // later save removes what is left).
-    if (shard_in_place) (void)zest::detail::remove_file(shard);
-    throw;
+  auto state = std::make_shared<d::save_state>();
+  d::save_state& s = *state;
+  s.dir = dir;
+  s.step = info.step;
+  s.generation = std::bit_cast<std::uint64_t>(generation_word[0]);
+  s.shard = dir / d::shard_file_name(info.step, s.generation, rank);
+  if (rank == 0) {
+    d::saves_in_flight::instance().add(s.generation);
+    s.registered = true;
+  }
+  s.tensors.assign(tensors.begin(), tensors.end());
+  std::uint64_t offset = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].writes || tensors[i].bytes.empty()) continue;
+    s.blocks.push_back({i, offset, tensors[i].bytes.size(), 0});
+    offset += tensors[i].bytes.size();
   }
 
+  // 3-5, once every shard is written: the commit (the state outlives it: it holds it).
   // 3. Everyone's block list to everyone (rank 0 writes the manifest): per block the
   // tensor's index, file offset, bytes, checksum, then box offsets and extents.
-  std::vector<std::int64_t> words;
-  for (const auto& b : blocks) {
-    const tensor_record& t = tensors[b.tensor];
-    words.push_back(static_cast<std::int64_t>(b.tensor));
-    words.push_back(static_cast<std::int64_t>(b.offset));
-    words.push_back(static_cast<std::int64_t>(b.bytes));
-    words.push_back(std::bit_cast<std::int64_t>(b.checksum));
-    for (const std::size_t x : t.local_offsets) words.push_back(static_cast<std::int64_t>(x));
-    for (const std::size_t x : t.local_extents) words.push_back(static_cast<std::int64_t>(x));
-  }
-  const std::array<std::int64_t, 1> mine{static_cast<std::int64_t>(words.size())};
-  std::vector<std::int64_t> sizes(n);
-  world.template all_gather<std::int64_t>(std::span<const std::int64_t>(mine),
-                                          std::span<std::int64_t>(sizes));
-  std::vector<std::size_t> counts(n);
-  std::size_t total = 0;
-  for (std::size_t r = 0; r < n; ++r) total += counts[r] = static_cast<std::size_t>(sizes[r]);
-  std::vector<std::int64_t> all(total);
-  world.template all_gather<std::int64_t>(std::span<const std::int64_t>(words),
-                                          std::span<std::int64_t>(all),
-                                          std::span<const std::size_t>(counts));
-
-  // 4. Every shard is durable: rank 0 commits, by renaming the new manifest over the old.
-  std::set<std::string> named;
-  bool manifest_in_place = false;
-  const d::outcome committed = d::attempt(op, [&] {
-    if (rank != 0) return;
-    json::value m;
-    m["format"] = checkpoint_format_name;
-    m["version"] = checkpoint_format_version;
-    m["step"] = info.step;
-    m["generation"] = d::generation_text(generation);
-    m["mesh"] = mesh.describe();
-    m["world_size"] = static_cast<std::int64_t>(n);
-    m["byte_order"] = d::native_byte_order();
-    m["checksum"] = "xxh64";
-    m["metadata"] = info.metadata;
-    std::vector<json::value> per_tensor(tensors.size());
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const tensor_record& t = tensors[i];
-      json::value& v = per_tensor[i];
-      v["name"] = t.name;
-      v["dims"] = t.dims;
-      v["dtype"] = name_of(t.type);
-      v["element_bytes"] = d::element_size(t.type);
-      v["extents"] = d::extents_json(t.global_extents);
-      v["layout"] = t.layout;
-      v["blocks"] = json::array{};
-    }
-    json::value files = json::array{};
-    std::size_t at = 0;
-    for (std::size_t r = 0; r < n; ++r) {
-      const std::size_t end = at + counts[r];
-      const std::string name = d::shard_file_name(info.step, generation, static_cast<int>(r));
-      std::int64_t file_bytes = 0;
-      while (at < end) {
-        const auto i = static_cast<std::size_t>(all[at]);
-        const std::size_t rank_of = tensors[i].dims.size();
-        json::value b;
-        b["file"] = name;
-        b["offset"] = all[at + 1];
-        b["bytes"] = all[at + 2];
-        b["checksum"] = format_checksum(std::bit_cast<std::uint64_t>(all[at + 3]));
-        json::value off = json::array{}, ext = json::array{};
-        for (std::size_t k = 0; k < rank_of; ++k) {
-          off.push_back(all[at + 4 + k]);
-          ext.push_back(all[at + 4 + rank_of + k]);
-        }
-        b["box_offsets"] = std::move(off);
-        b["box_extents"] = std::move(ext);
-        per_tensor[i]["blocks"].push_back(std::move(b));
-        file_bytes = std::max(file_bytes, all[at + 1] + all[at + 2]);
-        at += 4 + 2 * rank_of;
-      }
-      if (counts[r] == 0) continue;
-      json::value f;
-      f["file"] = name;
-      f["bytes"] = file_bytes;
-      files.push_back(std::move(f));
-      named.insert(name);
-    }
-    m["files"] = std::move(files);
-    m["tensors"] = json::value(std::move(per_tensor));
-    m[std::string(d::manifest_checksum_key)] = format_checksum(d::manifest_checksum(m));
-    atomic_file_writer out(dir / manifest_file_name, op);
-    out.write(json::dump(m, 1) + "\n");
+  auto lists = std::make_shared<std::pair<std::vector<std::size_t>, std::vector<std::int64_t>>>();
+  s.gather = [&s, &mesh, lists] {
+    auto& world = mesh.world();
+    const auto n = static_cast<std::size_t>(world.size());
     try {
-      out.commit();
+      d::agree(world, s.wrote);
     } catch (...) {
-      manifest_in_place = out.renamed();
+      // No manifest names this generation: its shards are garbage already (best effort; a
+      // later save removes what is left).
+      if (s.shard_in_place) (void)zest::detail::remove_file(s.shard);
       throw;
     }
-  });
-  try {
-    d::agree(world, committed);
-  } catch (...) {
-    // No commit (a full disk, say): this generation's shards are named by no manifest, so
-    // each rank removes its own now rather than leave them to a later save. Unless the new
-    // manifest did get renamed in place (only flushing the folder failed): then it names
-    // them, and the old manifest, which a crash could still bring back, names the old files,
-    // so both generations stay. Rank 0 alone knows which; it tells the others (best effort:
-    // if that fails too, the shards stay, as before).
-    try {
-      std::array<std::int64_t, 1> kept{manifest_in_place ? 1 : 0};
-      world.template broadcast<std::int64_t>(std::span<std::int64_t>(kept), 0);
-      if (kept[0] == 0 && shard_in_place) (void)zest::detail::remove_file(shard);
-    } catch (...) {
+    std::vector<std::int64_t> words;
+    for (const auto& b : s.blocks) {
+      const tensor_record& t = s.tensors[b.tensor];
+      words.push_back(static_cast<std::int64_t>(b.tensor));
+      words.push_back(static_cast<std::int64_t>(b.offset));
+      words.push_back(static_cast<std::int64_t>(b.bytes));
+      words.push_back(std::bit_cast<std::int64_t>(b.checksum));
+      for (const std::size_t x : t.local_offsets) words.push_back(static_cast<std::int64_t>(x));
+      for (const std::size_t x : t.local_extents) words.push_back(static_cast<std::int64_t>(x));
     }
-    throw;
-  }
+    const std::array<std::int64_t, 1> mine{static_cast<std::int64_t>(words.size())};
+    std::vector<std::int64_t> sizes(n);
+    world.template all_gather<std::int64_t>(std::span<const std::int64_t>(mine),
+                                            std::span<std::int64_t>(sizes));
+    auto& [counts, all] = *lists;
+    counts.assign(n, 0);
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < n; ++r) total += counts[r] = static_cast<std::size_t>(sizes[r]);
+    all.assign(total, 0);
+    world.template all_gather<std::int64_t>(std::span<const std::int64_t>(words),
+                                            std::span<std::int64_t>(all),
+                                            std::span<const std::size_t>(counts));
+  };
 
-  // 5. Committed on every rank's word: what the new manifest does not name goes.
-  if (rank == 0) d::remove_stale_files(dir, named);
+  // 4. Every shard is durable: rank 0 commits, by renaming the new manifest over the old,
+  // then (5) removes what the new manifest does not name. Files only: no communication.
+  s.write_manifest = [&s, lists, rank, described = mesh.describe(),
+                      n = static_cast<std::size_t>(world.size()), metadata = info.metadata] {
+    constexpr std::string_view op = "save_checkpoint";
+    std::set<std::string> named;
+    s.manifest = d::attempt(op, [&] {
+      if (rank != 0) return;
+      const auto& [counts, all] = *lists;
+      json::value m;
+      m["format"] = checkpoint_format_name;
+      m["version"] = checkpoint_format_version;
+      m["step"] = s.step;
+      m["generation"] = d::generation_text(s.generation);
+      m["mesh"] = described;
+      m["world_size"] = static_cast<std::int64_t>(n);
+      m["byte_order"] = d::native_byte_order();
+      m["checksum"] = "xxh64";
+      m["metadata"] = metadata;
+      std::vector<json::value> per_tensor(s.tensors.size());
+      for (std::size_t i = 0; i < s.tensors.size(); ++i) {
+        const tensor_record& t = s.tensors[i];
+        json::value& v = per_tensor[i];
+        v["name"] = t.name;
+        v["dims"] = t.dims;
+        v["dtype"] = name_of(t.type);
+        v["element_bytes"] = d::element_size(t.type);
+        v["extents"] = d::extents_json(t.global_extents);
+        v["layout"] = t.layout;
+        v["blocks"] = json::array{};
+      }
+      json::value files = json::array{};
+      std::size_t at = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        const std::size_t end = at + counts[r];
+        const std::string name = d::shard_file_name(s.step, s.generation, static_cast<int>(r));
+        std::int64_t file_bytes = 0;
+        while (at < end) {
+          const auto i = static_cast<std::size_t>(all[at]);
+          const std::size_t rank_of = s.tensors[i].dims.size();
+          json::value b;
+          b["file"] = name;
+          b["offset"] = all[at + 1];
+          b["bytes"] = all[at + 2];
+          b["checksum"] = format_checksum(std::bit_cast<std::uint64_t>(all[at + 3]));
+          json::value off = json::array{}, ext = json::array{};
+          for (std::size_t k = 0; k < rank_of; ++k) {
+            off.push_back(all[at + 4 + k]);
+            ext.push_back(all[at + 4 + rank_of + k]);
+          }
+          b["box_offsets"] = std::move(off);
+          b["box_extents"] = std::move(ext);
+          per_tensor[i]["blocks"].push_back(std::move(b));
+          file_bytes = std::max(file_bytes, all[at + 1] + all[at + 2]);
+          at += 4 + 2 * rank_of;
+        }
+        if (counts[r] == 0) continue;
+        json::value f;
+        f["file"] = name;
+        f["bytes"] = file_bytes;
+        files.push_back(std::move(f));
+        named.insert(name);
+      }
+      m["files"] = std::move(files);
+      m["tensors"] = json::value(std::move(per_tensor));
+      m[std::string(d::manifest_checksum_key)] = format_checksum(d::manifest_checksum(m));
+      atomic_file_writer out(s.dir / manifest_file_name, op);
+      out.write(json::dump(m, 1) + "\n");
+      try {
+        out.commit();
+      } catch (...) {
+        s.manifest_in_place = out.renamed();
+        throw;
+      }
+    });
+    // 5. Committed: what the new manifest does not name goes (not the files of saves
+    // still in progress).
+    if (rank == 0 && s.manifest.kind == d::failure::none) d::remove_stale_files(s.dir, named);
+  };
+
+  // The commit agreed.
+  s.agree_commit = [&s, &mesh] {
+    auto& world = mesh.world();
+    try {
+      d::agree(world, s.manifest);
+    } catch (...) {
+      // No commit (a full disk, say): this generation's shards are named by no manifest, so
+      // each rank removes its own now rather than leave them to a later save. Unless the new
+      // manifest did get renamed in place (only flushing the folder failed): then it names
+      // them, and the old manifest, which a crash could still bring back, names the old
+      // files, so both generations stay. Rank 0 alone knows which; it tells the others (best
+      // effort: if that fails too, the shards stay, as before).
+      try {
+        std::array<std::int64_t, 1> kept{s.manifest_in_place ? 1 : 0};
+        world.template broadcast<std::int64_t>(std::span<std::int64_t>(kept), 0);
+        if (kept[0] == 0 && s.shard_in_place) (void)zest::detail::remove_file(s.shard);
+      } catch (...) {
+      }
+      throw;
+    }
+  };
+
+  // 2. The shard, here or beside the caller.
+  if (background) {
+    s.writer = std::thread([&s] { s.write_shard(); });
+  } else {
+    s.write_shard();
+  }
+  return pending_save(std::move(state));
+}
+
+// Collective over mesh.world(): saves the tensors as the checkpoint of `info.step` in `dir`
+// (created if missing), atomically (see the top of this header). info.mesh and
+// info.world_size are ignored: they come from `mesh`. Throws shape_error for bad records (a
+// repeated name, ranks passing different lists) and checkpoint_error for I/O failures, on
+// every rank.
+template <class Mesh>
+void save_checkpoint(const std::filesystem::path& dir, const Mesh& mesh,
+                     std::span<const tensor_record> tensors, const checkpoint_info& info,
+                     source_site at = source_site::current()) {
+  save_checkpoint_async(dir, mesh, tensors, info, at, false).wait(at);
 }
 
 // The step, metadata and saving mesh of the checkpoint in `dir` (reads the manifest only;

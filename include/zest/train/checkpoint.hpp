@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 #include "zest/core/error.hpp"
 #include "zest/core/json.hpp"
 #include "zest/core/source_site.hpp"
+#include "zest/data/stream.hpp"
 #include "zest/io/checkpoint.hpp"
 #include "zest/zero/engine.hpp"
 
@@ -44,7 +46,7 @@ std::vector<io::tensor_record> training_state_records(zero_engine<P>& engine) {
 // What a load checks beyond the tensors.
 struct resume_options {
   // This run's corpus identity (text_dataset::identity()); empty: not checked.
-  std::string corpus;
+  std::string corpus = {};
   // Load a checkpoint whose corpus identity differs from `corpus` (or that records none).
   bool allow_other_corpus = false;
   // This run's config, as saved with save_training_state (the model's hyperparameters: what
@@ -54,7 +56,35 @@ struct resume_options {
   // Load a checkpoint whose config differs from `config` (say, fine-tuning with another
   // dropout): the caller has looked at the differences and means it.
   bool allow_other_config = false;
+  // This run's data stream (stream_cursor::state(); the position is not compared): a
+  // checkpoint of another stream (identity, global batch, sequence length), or of none, is
+  // refused naming what differs, unless allow_other_data. Unset: not checked.
+  std::optional<stream_state> data = std::nullopt;
+  bool allow_other_data = false;
 };
+
+// The data stream's state a checkpoint records (saved with one), or nothing.
+inline std::optional<stream_state> stream_state_of(const io::checkpoint_info& info) {
+  const json::value* d = info.metadata.find("data");
+  if (d == nullptr || !d->is_object()) return std::nullopt;
+  const json::value* identity = d->find("identity");
+  const json::value* rows = d->find("batch_size");
+  const json::value* length = d->find("sequence_length");
+  const json::value* position = d->find("position");
+  const auto count = [](const json::value* v) {
+    return v != nullptr && v->is_integer() && v->as_int() >= 0;
+  };
+  if (identity == nullptr || !identity->is_string() || !count(rows) || !count(length) ||
+      !count(position)) {
+    throw checkpoint_error(detail::message(
+        "zest: stream_state_of: the checkpoint's metadata \"data\" is not a stream's state "
+        "(identity, batch_size, sequence_length, position): ",
+        json::dump(*d)));
+  }
+  return stream_state{identity->as_string(), static_cast<std::size_t>(rows->as_int()),
+                      static_cast<std::size_t>(length->as_int()),
+                      static_cast<std::uint64_t>(position->as_int())};
+}
 
 namespace detail {
 
@@ -88,16 +118,24 @@ inline std::string config_difference(const json::value& saved, const json::value
 
 }  // namespace detail
 
-// `config` is saved as metadata["config"] (e.g. the model's options) for the caller to
-// compare on load; `corpus` (text_dataset::identity()) as metadata["corpus"].
+namespace detail {
+
+// What save_training_state writes beside the tensors.
 template <class P>
-void save_training_state(const std::filesystem::path& dir, zero_engine<P>& engine,
-                         std::int64_t step, json::value config = {}, std::string corpus = {},
-                         source_site at = source_site::current()) {
-  const user_call user(at);
+io::checkpoint_info training_state_info(zero_engine<P>& engine, std::int64_t step,
+                                        json::value config, std::string corpus,
+                                        const std::optional<stream_state>& data) {
   json::value meta = json::object{};
   meta["config"] = std::move(config);
   if (!corpus.empty()) meta["corpus"] = std::move(corpus);
+  if (data) {
+    json::value d = json::object{};
+    d["identity"] = data->identity;
+    d["batch_size"] = static_cast<std::int64_t>(data->batch_size);
+    d["sequence_length"] = static_cast<std::int64_t>(data->sequence_length);
+    d["position"] = static_cast<std::int64_t>(data->position);
+    meta["data"] = std::move(d);
+  }
   meta["zero_stage"] = static_cast<std::int64_t>(P::stage::stage);
   meta["precision"] = std::string(name_of(dtype_of<typename P::param_type>()));
   meta["optimizer_steps"] = engine.steps_taken();
@@ -107,11 +145,50 @@ void save_training_state(const std::filesystem::path& dir, zero_engine<P>& engin
   scaler["good_steps"] = static_cast<std::int64_t>(s.good_steps);
   scaler["skipped_steps"] = static_cast<std::int64_t>(s.skipped_steps);
   meta["loss_scaler"] = std::move(scaler);
-  const auto records = training_state_records(engine);
   io::checkpoint_info info;
   info.step = step;
   info.metadata = std::move(meta);
-  io::save_checkpoint(dir, engine.mesh(), std::span<const io::tensor_record>(records), info);
+  return info;
+}
+
+}  // namespace detail
+
+// `config` is saved as metadata["config"] (e.g. the model's options) for the caller to
+// compare on load; `corpus` (text_dataset::identity()) as metadata["corpus"].
+template <class P>
+void save_training_state(const std::filesystem::path& dir, zero_engine<P>& engine,
+                         std::int64_t step, json::value config = {}, std::string corpus = {},
+                         std::optional<stream_state> data = std::nullopt,
+                         source_site at = source_site::current()) {
+  const user_call user(at);
+  engine.release_states();  // an asynchronous save still reading them finishes first
+  const auto records = training_state_records(engine);
+  io::save_checkpoint(
+      dir, engine.mesh(), std::span<const io::tensor_record>(records),
+      detail::training_state_info(engine, step, std::move(config), std::move(corpus), data), at);
+}
+
+// Collective: save_training_state with the shards written beside the training, on a thread
+// of each rank (io::save_checkpoint_async): it returns once the ranks agreed and drew the
+// save's generation; the engine's next step waits, before it updates the states, until this
+// rank's shard is on disk (zero_engine::hold_states), so training goes on through the
+// forward and backward meanwhile. The result's wait() (collective) commits the checkpoint:
+// call it before the next save into the folder and before the run ends; until then the
+// folder holds the previous checkpoint. The engine must outlive the result.
+template <class P>
+io::pending_save save_training_state_async(const std::filesystem::path& dir, zero_engine<P>& engine,
+                                           std::int64_t step, json::value config = {},
+                                           std::string corpus = {},
+                                           std::optional<stream_state> data = std::nullopt,
+                                           source_site at = source_site::current()) {
+  const user_call user(at);
+  engine.release_states();
+  const auto records = training_state_records(engine);
+  io::pending_save pending = io::save_checkpoint_async(
+      dir, engine.mesh(), std::span<const io::tensor_record>(records),
+      detail::training_state_info(engine, step, std::move(config), std::move(corpus), data), at);
+  engine.hold_states(pending.written_fence());
+  return pending;
 }
 
 // Collective: loads what save_training_state saved, on any rank count and stage. The
@@ -123,6 +200,7 @@ io::checkpoint_info load_training_state(const std::filesystem::path& dir, zero_e
                                         source_site at = source_site::current()) {
   const user_call user(at);
   constexpr std::string_view op = "load_training_state";
+  engine.release_states();  // an asynchronous save still reading them finishes first
   const auto records = training_state_records(engine);
   std::int64_t steps = engine.steps_taken();
   auto scaler = engine.loss_scaler().state();
@@ -171,6 +249,23 @@ io::checkpoint_info load_training_state(const std::filesystem::path& dir, zero_e
       }
     }
     check_config(meta);
+    if (options.data && !options.allow_other_data) {
+      const std::optional<stream_state> saved = stream_state_of(info);
+      if (!saved) {
+        throw checkpoint_error(detail::message(
+            "zest: ", op, ": ", dir,
+            ": the checkpoint records no data stream (saved without one), this run's is \"",
+            options.data->identity,
+            "\"; set resume_options::allow_other_data to load it and start the stream anew"));
+      }
+      if (const std::string d = stream_difference(*saved, *options.data); !d.empty()) {
+        throw checkpoint_error(detail::message(
+            "zest: ", op, ": ", dir, ": the checkpoint's data stream differs from this run's (", d,
+            "): resuming would skip or repeat data; resume with the same stream, or set "
+            "resume_options::allow_other_data to continue this one at the saved position ",
+            saved->position));
+      }
+    }
     if (const json::value* n = meta.find("optimizer_steps")) {
       if (!n->is_integer() || n->as_int() < 0) bad("optimizer_steps", "is not a count");
       steps = n->as_int();

@@ -112,6 +112,7 @@ void import_safetensors(zero_engine<P>& engine, const weight_map& map,
                         source_site at = source_site::current()) {
   const user_call user(at);
   const std::filesystem::path file = detail::names_folder(path) ? path / "model.safetensors" : path;
+  engine.release_states();  // an asynchronous save still reading them finishes first
   const auto records = weight_records(engine, true);
   load_safetensors(file, engine.mesh(), std::span<const tensor_record>(records), map, options);
 }

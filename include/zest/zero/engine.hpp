@@ -46,10 +46,12 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -226,6 +228,22 @@ class zero_engine {
                            "' with engine.use(tape, group) first");
   }
   const std::string& group_name(std::size_t g) const { return groups_[g].name; }
+  // The model states (stored copies, masters, Adam's moments) are being read by someone
+  // else, an asynchronous checkpoint save (save_training_state_async): the next step, or
+  // anything else that changes the states (a checkpoint load), first calls `release`, which
+  // returns once they are no longer read. Not collective; several run in order.
+  void hold_states(std::function<void()> release) { holds_.push_back(std::move(release)); }
+  void release_states() {
+    if (holds_.empty()) return;
+    const auto start = std::chrono::steady_clock::now();
+    auto holds = std::exchange(holds_, {});
+    for (auto& release : holds) release();
+    held_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  // Seconds spent waiting in release_states since the last call: what the holders cost
+  // the training (an asynchronous save's shard not yet written when the update came).
+  double take_held_seconds() { return std::exchange(held_seconds_, 0.0); }
   std::vector<slot*> parameters() const {
     std::vector<slot*> all;
     for (const auto& g : groups_) all.insert(all.end(), g.params.begin(), g.params.end());
@@ -319,6 +337,7 @@ class zero_engine {
   // before it, ends the step with collective_mismatch on every rank.
   step_report step(double lr, source_site at = source_site::current()) {
     const user_call user(at);
+    release_states();
     const step_report r = update(lr);
     check_schedule(*mesh_, detail::message("zero_engine::step, after ", steps_, " optimizer steps"),
                    at);
@@ -698,6 +717,8 @@ class zero_engine {
   bool open_ = false;
   bool setup_agreed_ = false;
   std::deque<std::unique_ptr<reduction>> pending_;
+  std::vector<std::function<void()>> holds_;  // hold_states
+  double held_seconds_ = 0;
   std::size_t peak_live_ = 0;
   std::int64_t steps_ = 0;
 };

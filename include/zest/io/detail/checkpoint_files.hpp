@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <set>
 #include <span>
@@ -183,15 +184,47 @@ inline std::string generation_text(std::uint64_t generation) {
   return buf.data();
 }
 
+// The generations of the saves this process has in progress (drawn by it, as rank 0, and
+// not yet committed or given up): an asynchronous save's shards are written while the save
+// before it commits, and that commit's cleanup must leave them alone.
+class saves_in_flight {
+ public:
+  static saves_in_flight& instance() {
+    static saves_in_flight s;
+    return s;
+  }
+  void add(std::uint64_t generation) {
+    const std::lock_guard lock(mutex_);
+    generations_.insert(generation_text(generation));
+  }
+  void remove(std::uint64_t generation) {
+    const std::lock_guard lock(mutex_);
+    generations_.erase(generation_text(generation));
+  }
+  // Whether `name` (a shard or its temporary file) belongs to a save in progress.
+  bool holds(const std::string& name) const {
+    const std::lock_guard lock(mutex_);
+    for (const auto& g : generations_)
+      if (name.find(".gen-" + g + ".") != std::string::npos) return true;
+    return false;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<std::string> generations_;
+};
+
 // After a commit: removes the shard files `named` does not hold (older generations,
-// leftovers of failed saves) and the temporary files of shards and manifests. Best effort:
-// what cannot be removed is garbage, never part of the checkpoint.
+// leftovers of failed saves) and the temporary files of shards and manifests, but not the
+// files of saves in progress (saves_in_flight). Best effort: what cannot be removed is
+// garbage, never part of the checkpoint.
 inline void remove_stale_files(const std::filesystem::path& dir,
                                const std::set<std::string>& named) {
   std::error_code ec;
   std::vector<std::filesystem::path> stale;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
+    if (saves_in_flight::instance().holds(name)) continue;
     const std::size_t temp_at = name.find(".tmp.");
     const bool stale_shard = is_shard_file_name(name) && !named.contains(name);
     const bool stale_temp = name.size() > 1 && name.front() == '.' &&
