@@ -267,8 +267,9 @@ inline const std::vector<option>& options() {
                     "save or the end commits each); the optimizer's update waits\n"
                     "for a shard still being written"),
       switch_option("--new-data", &zf::new_data,
-                    "--load: continue in another data stream (another --batch or\n"
-                    "--seed: another order of batches) from the checkpoint's step"),
+                    "--load: continue in another data stream than the checkpoint's\n"
+                    "(another --batch, --seed or corpus text: another order of\n"
+                    "batches) from its step; the difference is printed"),
       path_option("--export", "F", &zf::export_to,
                   "the weights at the end as safetensors, Hugging Face's names\n"
                   "(GPT-2 or Llama; --moe: zest's own); F ending in '/' is a\n"

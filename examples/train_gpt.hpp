@@ -386,18 +386,22 @@ int train(const flags& f, const typename P::mesh_type& mesh, const zest::text_da
 
   std::int64_t step = 0;
   if (!f.load.empty()) {
-    // The data stream: the sampler's batches are its positions (batch k at step k).
+    // The data stream: the sampler's batches are its positions (batch k at step k). A
+    // checkpoint saved before streams were recorded has none: it resumes as it did then.
     const zest::stream_state stream = zest::stream_cursor(sampler).state();
-    const auto info = zest::load_training_state(f.load, engine,
-                                                {.corpus = data.identity(),
-                                                 .allow_other_corpus = false,
-                                                 .data = stream,
-                                                 .allow_other_data = f.new_data});
-    if (const auto saved = zest::stream_state_of(info); f.new_data && root) {
+    const bool recorded = zest::stream_state_of(zest::io::read_checkpoint_info(f.load)).has_value();
+    const auto info = zest::load_training_state(
+        f.load, engine,
+        {.corpus = data.identity(),
+         .allow_other_corpus = false,
+         .data = recorded ? std::optional<zest::stream_state>(stream) : std::nullopt,
+         .allow_other_data = f.new_data});
+    if (const auto saved = zest::stream_state_of(info); root && (f.new_data || !saved)) {
       const std::string d = saved ? zest::stream_difference(*saved, stream)
                                   : std::string("the checkpoint records no data stream");
-      std::cout << "note: --new-data: " << (d.empty() ? "the same data stream" : d)
-                << "; the batches continue at step " << info.step << " of this run's stream\n";
+      std::cout << "note: " << (f.new_data ? "--new-data: " : "")
+                << (d.empty() ? "the same data stream" : d) << "; the batches continue at step "
+                << info.step << " of this run's stream\n";
     }
     zest::json::value saved = info.metadata["config"];
     if constexpr (Arch::has_experts) {

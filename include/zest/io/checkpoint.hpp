@@ -139,6 +139,15 @@ struct save_state {
   bool manifest_in_place = false;
   enum class phase : std::uint8_t { shards, manifest, done } at = phase::shards;
   bool registered = false;  // rank 0: in saves_in_flight until done or given up
+  bool committing = false;  // in saves_in_flight's committing folders
+
+  save_state() = default;
+  save_state(const save_state&) = delete;
+  save_state& operator=(const save_state&) = delete;
+  ~save_state() {
+    join_all();
+    unregister();
+  }
 
   // Step 2: this rank's shard file, a name no manifest uses: its blocks back to back, each
   // checksummed as it is written, durable before the commit hears of it. No communication,
@@ -176,11 +185,23 @@ struct save_state {
   void unregister() {
     if (registered) saves_in_flight::instance().remove(generation);
     registered = false;
+    if (committing) saves_in_flight::instance().end_commit(dir);
+    committing = false;
   }
-  // Collective: the shards agreed, rank 0's manifest written (on a thread when `background`).
+  // Collective: the shards agreed, rank 0's manifest written (on a thread when `background`,
+  // or here if no thread can be started). Another save into the folder whose commit has
+  // started and not been waited for is refused, on every rank alike (each keeps the list).
   void start_commit(bool background) {
     join();
     at = phase::done;  // unless what follows succeeds
+    if (!saves_in_flight::instance().begin_commit(dir)) {
+      unregister();
+      throw shape_error(zest::detail::message(
+          "zest: save_checkpoint: another save into ", dir,
+          " has started its commit (pending_save::start_commit) and not been waited for: "
+          "two commits would race for its manifest; call wait() on that save first"));
+    }
+    committing = true;
     try {
       gather();
     } catch (...) {
@@ -189,10 +210,14 @@ struct save_state {
     }
     at = phase::manifest;
     if (background) {
-      committer = std::thread([this] { write_manifest(); });
-    } else {
-      write_manifest();
+      try {
+        committer = std::thread([this] { write_manifest(); });
+        return;
+      } catch (const std::system_error&) {
+        // No thread: the manifest here.
+      }
     }
+    write_manifest();
   }
   // Collective: the commit agreed (its failure thrown on every rank).
   void finish() {
@@ -212,7 +237,7 @@ struct save_state {
 
 // A save whose shards are being written (save_checkpoint_async). The records' memory must
 // stay as it was until written() returns on this rank; wait() commits the save.
-class pending_save {
+class [[nodiscard]] pending_save {
  public:
   pending_save() = default;
   explicit pending_save(std::shared_ptr<detail::save_state> state) : state_(std::move(state)) {}
@@ -226,8 +251,9 @@ class pending_save {
   }
   pending_save(const pending_save&) = delete;
   pending_save& operator=(const pending_save&) = delete;
-  // A save never waited for is not committed: the folder keeps the checkpoint it had (the
-  // new shard, named by no manifest, goes with the next save's cleanup).
+  // A save given up before start_commit() is not committed: the folder keeps the checkpoint
+  // it had (the new shard, named by no manifest, goes with a later save's cleanup). After
+  // start_commit(), rank 0 may have committed it already; only the agreement is given up.
   ~pending_save() { abandon(); }
 
   // Started and not yet committed (or failed).
@@ -237,7 +263,7 @@ class pending_save {
     if (state_) state_->join();
   }
   // A function that blocks as written() does, for a caller that must not change the
-  // records' memory before it (zero_engine::wait_before_update).
+  // records' memory before it (zero_engine::hold_states).
   std::function<void()> written_fence() const {
     return [state = state_] {
       if (state) state->join();
@@ -274,18 +300,19 @@ class pending_save {
 // Collective over mesh.world(): save_checkpoint, with this rank's shard written on a
 // background thread; returns once the ranks agreed on the records and drew the save's
 // generation. The records' memory must stay unchanged until the result's written() (a
-// training loop keeps the optimizer from updating the states: zero_engine's
-// wait_before_update), and `mesh` must outlive the result. The result's wait() commits
-// (collective): until then the folder holds the previous checkpoint; a second save into
-// the folder waits for this one first. No MPI call is made off the calling thread, so
-// MPI_THREAD_FUNNELED suffices. Throws what save_checkpoint throws, from here (the
-// records, the folder) or from wait() (the files, the commit).
+// training loop keeps the optimizer from updating the states: zero_engine::hold_states),
+// and `mesh` must outlive the result. The result's start_commit() and wait() (collective)
+// commit it: until then the folder holds the previous checkpoint. Another save into the
+// folder may start meanwhile, but its commit may start only once this one was waited for
+// (else it throws shape_error, on every rank). No MPI call is made off the calling thread,
+// so MPI_THREAD_FUNNELED suffices. Throws what save_checkpoint throws, from here (the
+// records, the folder) or from start_commit()/wait() (the files, the commit).
 template <class Mesh>
-pending_save save_checkpoint_async(const std::filesystem::path& dir, const Mesh& mesh,
-                                   std::span<const tensor_record> tensors,
-                                   const checkpoint_info& info,
-                                   source_site at = source_site::current(),
-                                   bool background = true) {
+[[nodiscard]] pending_save save_checkpoint_async(const std::filesystem::path& dir, const Mesh& mesh,
+                                                 std::span<const tensor_record> tensors,
+                                                 const checkpoint_info& info,
+                                                 source_site at = source_site::current(),
+                                                 bool background = true) {
   const user_call user(at);
   namespace d = detail;
   constexpr std::string_view op = "save_checkpoint";
@@ -295,20 +322,32 @@ pending_save save_checkpoint_async(const std::filesystem::path& dir, const Mesh&
   // 1. The records are sound and the same on every rank; rank 0 makes the folder and draws
   // this save's generation, which every rank gets.
   std::array<std::int64_t, 1> generation_word{0};
-  d::agree(world, d::attempt(op, [&] {
-             if (info.step < 0) {
-               throw shape_error(
-                   zest::detail::message("zest: ", op, ": step ", info.step, " is negative"));
-             }
-             d::check_records(op, tensors, false);
-             if (rank == 0) {
-               if (const int err = zest::detail::create_folders(dir)) {
-                 d::throw_io(op, "cannot create the folder", dir, err);
+  bool added = false;  // rank 0: the generation in saves_in_flight
+  try {
+    d::agree(world, d::attempt(op, [&] {
+               if (info.step < 0) {
+                 throw shape_error(
+                     zest::detail::message("zest: ", op, ": step ", info.step, " is negative"));
                }
-               generation_word[0] = std::bit_cast<std::int64_t>(d::new_generation());
-             }
-           }));
-  d::agree_on_list(world, op, tensors);
+               d::check_records(op, tensors, false);
+               if (rank == 0) {
+                 if (const int err = zest::detail::create_folders(dir)) {
+                   d::throw_io(op, "cannot create the folder", dir, err);
+                 }
+                 const std::uint64_t g = d::new_generation();
+                 // Known to be in progress before any rank can make a file of it (they learn
+                 // it from the broadcast below): a commit's cleanup leaves its files alone.
+                 d::saves_in_flight::instance().add(g);
+                 added = true;
+                 generation_word[0] = std::bit_cast<std::int64_t>(g);
+               }
+             }));
+    d::agree_on_list(world, op, tensors);
+  } catch (...) {
+    if (added)
+      d::saves_in_flight::instance().remove(std::bit_cast<std::uint64_t>(generation_word[0]));
+    throw;
+  }
   world.template broadcast<std::int64_t>(std::span<std::int64_t>(generation_word), 0);
 
   auto state = std::make_shared<d::save_state>();
@@ -317,10 +356,7 @@ pending_save save_checkpoint_async(const std::filesystem::path& dir, const Mesh&
   s.step = info.step;
   s.generation = std::bit_cast<std::uint64_t>(generation_word[0]);
   s.shard = dir / d::shard_file_name(info.step, s.generation, rank);
-  if (rank == 0) {
-    d::saves_in_flight::instance().add(s.generation);
-    s.registered = true;
-  }
+  s.registered = added;
   s.tensors.assign(tensors.begin(), tensors.end());
   std::uint64_t offset = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -445,7 +481,13 @@ pending_save save_checkpoint_async(const std::filesystem::path& dir, const Mesh&
     });
     // 5. Committed: what the new manifest does not name goes (not the files of saves
     // still in progress).
-    if (rank == 0 && s.manifest.kind == d::failure::none) d::remove_stale_files(s.dir, named);
+    if (rank == 0 && s.manifest.kind == d::failure::none) {
+      try {
+        d::remove_stale_files(s.dir, named);
+      } catch (...) {
+        // Best effort, as every cleanup: what stays is garbage, never the checkpoint.
+      }
+    }
   };
 
   // The commit agreed.
@@ -472,7 +514,11 @@ pending_save save_checkpoint_async(const std::filesystem::path& dir, const Mesh&
 
   // 2. The shard, here or beside the caller.
   if (background) {
-    s.writer = std::thread([&s] { s.write_shard(); });
+    try {
+      s.writer = std::thread([&s] { s.write_shard(); });
+    } catch (const std::system_error&) {
+      s.write_shard();  // no thread: the shard here
+    }
   } else {
     s.write_shard();
   }

@@ -34,7 +34,8 @@
 // the file, atomically (zest/core/files.hpp: a temporary file, flushed, renamed). Memory on
 // rank 0: one file tensor and one parameter at a time. Loading: every rank reads the header
 // broadcast from rank 0 and then, from the file itself (visible to every rank, as a
-// checkpoint's folder must be), the stretch of each tensor that holds its own block,
+// checkpoint's folder must be), the contiguous stretch of each tensor between its own
+// block's first and last element (most of the tensor for a block split on a transposed dim),
 // converting the file's floats (F32, F64, BF16, F16) to the parameter's element type. The
 // ranks agree before any parameter changes: a missing tensor, a shape that differs, a
 // truncated file or an unreadable header leaves every parameter as it was, on every rank,
@@ -69,6 +70,7 @@
 #include "zest/core/float16.hpp"
 #include "zest/core/json.hpp"
 #include "zest/core/source_site.hpp"
+#include "zest/io/checksum.hpp"
 #include "zest/io/detail/checkpoint_files.hpp"
 #include "zest/io/detail/rank_agreement.hpp"
 #include "zest/io/tensor_record.hpp"
@@ -456,6 +458,9 @@ inline void check_map(std::string_view op, const weight_map& map,
   std::set<std::string_view> names;
   for (const auto& t : map.tensors) {
     if (!names.insert(t.name).second) fail("the file tensor \"", t.name, "\" is named twice");
+    if (t.name.empty() || t.name == "__metadata__") {
+      fail("a file tensor cannot be named \"", t.name, "\" (the header's metadata has that key)");
+    }
     const std::size_t size = volume_of(t.shape);
     std::size_t held = 0;
     std::optional<dtype> type;
@@ -486,6 +491,7 @@ inline void check_map(std::string_view op, const weight_map& map,
       }
       type = r.type;
     }
+    if (saving && !type) fail("file tensor \"", t.name, "\" has no primary part to write");
     if (saving && held != size) {
       fail("the parameters of file tensor \"", t.name, "\" ", shape_text(t.shape), " hold ", held,
            " elements, the tensor ", size);
@@ -499,6 +505,33 @@ inline void check_map(std::string_view op, const weight_map& map,
            saving ? " (the model has more than the convention can write)" : "");
     }
     if (it->second > 1) fail("parameter \"", name, "\" is in ", it->second, " file tensors");
+  }
+}
+
+// The same map on every rank (its collectives follow its parts): compared by a digest of
+// its text; a difference is a shape_error on every rank.
+template <class Comm>
+void agree_on_map(Comm& world, std::string_view op, const weight_map& map) {
+  std::string text = map.convention + "|" + map.optional_prefix;
+  for (const auto& s : map.ignored_suffixes) text += "|" + s;
+  for (const auto& t : map.tensors) {
+    text += "|" + t.name + ":" + join_extents(t.shape);
+    for (const auto& p : t.parts) {
+      text += ";" + p.parameter + "@" + std::to_string(p.offset) + ":" + join_extents(p.strides) +
+              (p.alternative ? "?" : "");
+    }
+  }
+  const std::array<std::int64_t, 1> mine{
+      std::bit_cast<std::int64_t>(xxh64(std::as_bytes(std::span(text.data(), text.size()))))};
+  std::vector<std::int64_t> all(static_cast<std::size_t>(world.size()));
+  world.template all_gather<std::int64_t>(std::span<const std::int64_t>(mine),
+                                          std::span<std::int64_t>(all));
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r] != all[0]) {
+      throw shape_error(zest::detail::message("zest: ", op, ": rank ", r,
+                                              " passes another weight map than rank 0; every "
+                                              "rank must pass the same"));
+    }
   }
 }
 
@@ -535,13 +568,17 @@ void save_safetensors(const std::filesystem::path& file, const Mesh& mesh,
              d::check_map(op, map, by_name, true);
            }));
   d::agree_on_list(world, op, parameters);
+  d::agree_on_map(world, op, map);
 
   // The header: the tensors in the map's order, back to back.
   std::vector<safetensors_entry> entries;
   std::vector<dtype> types;
   std::uint64_t data_bytes = 0;
   for (const auto& t : map.tensors) {
-    const dtype type = by_name.at(t.parts.front().parameter)->type;
+    // Its element type: the primary parts' (check_map: one, and at least one part).
+    const auto first = std::find_if(t.parts.begin(), t.parts.end(),
+                                    [](const weight_part& p) { return !p.alternative; });
+    const dtype type = by_name.at(first->parameter)->type;
     const std::uint64_t bytes = d::volume_of(t.shape) * d::element_size(type);
     entries.push_back({t.name, std::string(d::safetensors_dtype_of(type)), t.shape, data_bytes,
                        data_bytes + bytes});
@@ -573,8 +610,10 @@ void save_safetensors(const std::filesystem::path& file, const Mesh& mesh,
     const std::size_t element = d::element_size(types[i]);
     const std::size_t size = d::volume_of(t.shape);
     if (rank == 0 && ok()) {
-      tensor.assign(size * element, std::byte{0});
-      placed.assign(size, false);
+      written = d::attempt(op, [&] {
+        tensor.assign(size * element, std::byte{0});
+        placed.assign(size, false);
+      });
     }
     for (const weight_part& part : t.parts) {
       if (part.alternative) continue;
@@ -635,7 +674,8 @@ void save_safetensors(const std::filesystem::path& file, const Mesh& mesh,
             if (placed[pos]) {
               throw shape_error(zest::detail::message(
                   "zest: ", op, ": ", map.convention, ": file tensor \"", t.name, "\": element ",
-                  pos, " is held by parameter \"", part.parameter, "\" and by another part"));
+                  pos, " is placed twice, the second time by parameter \"", part.parameter,
+                  "\" (two parts on the same elements, or two ranks' blocks overlapping)"));
             }
             placed[pos] = true;
             std::memcpy(tensor.data() + pos * element, src + e * element, element);
@@ -695,6 +735,7 @@ void load_safetensors(const std::filesystem::path& file, const Mesh& mesh,
   text.resize(static_cast<std::size_t>(sizes[0]));
   world.template broadcast<std::uint8_t>(
       std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(text.data()), text.size()), 0);
+  d::agree_on_map(world, op, map);
 
   // 2. The header against the map and the records: for each record, the file tensor and
   // part it is read from.
@@ -709,6 +750,19 @@ void load_safetensors(const std::filesystem::path& file, const Mesh& mesh,
         header = d::parse_safetensors_header(op, file, text, static_cast<std::uint64_t>(sizes[1]));
         std::map<std::string, const tensor_record*> by_name;
         for (const auto& r : targets) {
+          const std::size_t n = r.dims.size();
+          bool fits = r.global_extents.size() == n && r.local_offsets.size() == n &&
+                      r.local_extents.size() == n &&
+                      r.bytes.size() == d::volume(r.local_extents) * d::element_size(r.type);
+          for (std::size_t k = 0; fits && k < n; ++k)
+            fits = r.local_offsets[k] + r.local_extents[k] <= r.global_extents[k];
+          if (!fits) {
+            throw shape_error(zest::detail::message(
+                "zest: ", op, ": parameter \"", r.name, "\": its block ",
+                d::join_extents(r.local_offsets), " + ", d::join_extents(r.local_extents), " of ",
+                d::join_extents(r.global_extents), " and its ", r.bytes.size(),
+                " bytes do not fit each other"));
+          }
           if (r.read_only) {
             throw shape_error(zest::detail::message("zest: ", op, ": parameter \"", r.name,
                                                     "\" was recorded from a const tensor"));

@@ -172,15 +172,15 @@ void save_training_state(const std::filesystem::path& dir, zero_engine<P>& engin
 // of each rank (io::save_checkpoint_async): it returns once the ranks agreed and drew the
 // save's generation; the engine's next step waits, before it updates the states, until this
 // rank's shard is on disk (zero_engine::hold_states), so training goes on through the
-// forward and backward meanwhile. The result's wait() (collective) commits the checkpoint:
-// call it before the next save into the folder and before the run ends; until then the
-// folder holds the previous checkpoint. The engine must outlive the result.
+// forward and backward meanwhile. The result's start_commit() and wait() (collective)
+// commit the checkpoint (see io::save_checkpoint_async): wait() before the run ends and
+// before the next save into the folder starts its commit. The engine must outlive the
+// result.
 template <class P>
-io::pending_save save_training_state_async(const std::filesystem::path& dir, zero_engine<P>& engine,
-                                           std::int64_t step, json::value config = {},
-                                           std::string corpus = {},
-                                           std::optional<stream_state> data = std::nullopt,
-                                           source_site at = source_site::current()) {
+[[nodiscard]] io::pending_save save_training_state_async(
+    const std::filesystem::path& dir, zero_engine<P>& engine, std::int64_t step,
+    json::value config = {}, std::string corpus = {},
+    std::optional<stream_state> data = std::nullopt, source_site at = source_site::current()) {
   const user_call user(at);
   engine.release_states();
   const auto records = training_state_records(engine);

@@ -19,7 +19,9 @@
 // it as config.json, so that Hugging Face's from_pretrained(folder) reads the two.
 #pragma once
 
+#include <array>
 #include <concepts>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <span>
@@ -83,6 +85,15 @@ inline bool names_folder(const std::filesystem::path& path) {
   return std::filesystem::is_directory(path, ec) || !path.has_filename();
 }
 
+// Collective: rank 0's reading of names_folder, on every rank (it decides which collectives
+// follow).
+template <class Comm>
+bool agreed_folder(Comm& world, const std::filesystem::path& path) {
+  std::array<std::int64_t, 1> folder{world.rank() == 0 && names_folder(path) ? 1 : 0};
+  world.template broadcast<std::int64_t>(std::span<std::int64_t>(folder), 0);
+  return folder[0] != 0;
+}
+
 }  // namespace detail
 
 // Collective: writes the engine's weights as `map` names them (see the top of this header).
@@ -91,7 +102,7 @@ void export_safetensors(zero_engine<P>& engine, const weight_map& map,
                         const std::filesystem::path& path,
                         source_site at = source_site::current()) {
   const user_call user(at);
-  const bool folder = detail::names_folder(path);
+  const bool folder = detail::agreed_folder(engine.mesh().world(), path);
   const std::filesystem::path file = folder ? path / "model.safetensors" : path;
   const auto records = weight_records(engine, false);
   save_safetensors(file, engine.mesh(), std::span<const tensor_record>(records), map);
@@ -111,7 +122,8 @@ void import_safetensors(zero_engine<P>& engine, const weight_map& map,
                         const std::filesystem::path& path, const load_options& options = {},
                         source_site at = source_site::current()) {
   const user_call user(at);
-  const std::filesystem::path file = detail::names_folder(path) ? path / "model.safetensors" : path;
+  const std::filesystem::path file =
+      detail::agreed_folder(engine.mesh().world(), path) ? path / "model.safetensors" : path;
   engine.release_states();  // an asynchronous save still reading them finishes first
   const auto records = weight_records(engine, true);
   load_safetensors(file, engine.mesh(), std::span<const tensor_record>(records), map, options);

@@ -208,10 +208,28 @@ class saves_in_flight {
       if (name.find(".gen-" + g + ".") != std::string::npos) return true;
     return false;
   }
+  // The folders whose latest save has started its commit (its manifest may be being
+  // written) and not been waited for: a second commit into one of them would race the
+  // first for the manifest. Every rank keeps its own list; the ranks make the same calls, so
+  // the lists agree.
+  bool begin_commit(const std::filesystem::path& dir) {
+    const std::lock_guard lock(mutex_);
+    return committing_.insert(key(dir)).second;
+  }
+  void end_commit(const std::filesystem::path& dir) {
+    const std::lock_guard lock(mutex_);
+    committing_.erase(key(dir));
+  }
 
  private:
+  static std::string key(const std::filesystem::path& dir) {
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(dir, ec);
+    return (ec ? dir : absolute).lexically_normal().string();
+  }
   mutable std::mutex mutex_;
   std::set<std::string> generations_;
+  std::set<std::string> committing_;
 };
 
 // After a commit: removes the shard files `named` does not hold (older generations,
