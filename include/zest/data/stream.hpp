@@ -31,6 +31,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <utility>
@@ -95,21 +96,22 @@ token_batch<tensor<std::int32_t, Mesh, "bt", Layout>> stream_batch(const S& stre
                 "'b' over the data axes, or replicate it");
   const std::size_t rows = stream.batch_size(), length = stream.sequence_length();
   std::vector<std::int32_t> inputs(length), targets(length);
+  // The targets of the rows this rank holds, kept from the inputs' pass: one call of row()
+  // per row (generate() visits this rank's elements row by row).
+  std::map<std::size_t, std::vector<std::int32_t>> kept;
   std::size_t held = static_cast<std::size_t>(-1);
-  const auto fetch = [&](std::size_t row) {
-    if (row == held) return;
-    stream.row(index, row, std::span<std::int32_t>(inputs), std::span<std::int32_t>(targets));
-    held = row;
-  };
-  // generate() visits this rank's elements row by row: one call of row() per row.
   auto in = tokens_t::generate(mesh, {rows, length}, [&](const typename tokens_t::extents_type& i) {
-    fetch(i[0]);
+    if (i[0] != held) {
+      held = i[0];
+      stream.row(index, held, std::span<std::int32_t>(inputs), std::span<std::int32_t>(targets));
+      kept.emplace(held, targets);
+    }
     return inputs[i[1]];
   });
-  held = static_cast<std::size_t>(-1);
+  auto row_of = kept.end();
   auto tg = tokens_t::generate(mesh, {rows, length}, [&](const typename tokens_t::extents_type& i) {
-    fetch(i[0]);
-    return targets[i[1]];
+    if (row_of == kept.end() || row_of->first != i[0]) row_of = kept.find(i[0]);
+    return row_of->second[i[1]];
   });
   return {std::move(in), std::move(tg)};
 }
